@@ -1,0 +1,1 @@
+"""The ``fleetenv`` command line."""

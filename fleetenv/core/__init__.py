@@ -1,0 +1,1 @@
+"""Core types: tasks, configuration, errors, events. Plain data, no I/O."""

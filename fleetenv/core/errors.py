@@ -1,0 +1,168 @@
+"""The one error hierarchy of fleetenv.
+
+Every error says three things: what was being done, for which task / env / instance /
+endpoint / tool (the *context*), and what to try next (the *hint*). Callers catch the
+class that matches the decision they have to make: retry later (`TransientError`),
+give up on the task (`PermanentError`), or treat the grade as unknown (`VerifierError`).
+
+Context values are plain strings chosen by the raiser; secrets (API keys, tokens) must
+never be passed in. `redact()` is applied to the rendered message as a last line of
+defence, so a URL with a ``?token=`` or an ``Authorization`` value that slipped into an
+upstream message does not leak.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = [
+    "ConfigurationError",
+    "ConnectError",
+    "DeadlineExceeded",
+    "EpisodeStateError",
+    "FleetEnvError",
+    "InstanceGoneError",
+    "LoopThreadError",
+    "PermanentProvisioningError",
+    "ProvisioningError",
+    "ToolArgumentsError",
+    "ToolCallError",
+    "ToolCallMayHaveRunError",
+    "ToolError",
+    "ToolNotFoundError",
+    "TransientProvisioningError",
+    "VerifierError",
+    "redact",
+]
+
+_SECRET_PATTERNS = (
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"),
+    re.compile(r"(?i)((?:api[_-]?key|token|authorization|secret)[\"']?\s*[:=]\s*[\"']?)[^\s\"'&,}]+"),
+)
+
+
+def redact(text: str) -> str:
+    """Blank out anything that looks like a credential in ``text``."""
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(r"\1***", text)
+    return text
+
+
+class FleetEnvError(Exception):
+    """Base of every error fleetenv raises on purpose.
+
+    ``message`` says what went wrong, ``context`` names the objects involved
+    (``task=``, ``env=``, ``instance=``, ``endpoint=``, ``tool=`` ...), ``hint`` says
+    what to try. ``str(err)`` renders all three on one line so logs stay greppable.
+    """
+
+    default_hint: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+        self.context: dict[str, str] = {
+            key: str(value) for key, value in context.items() if value is not None
+        }
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.context:
+            text += " [" + ", ".join(f"{k}={v}" for k, v in self.context.items()) + "]"
+        if self.hint:
+            text += f" (hint: {self.hint})"
+        return redact(text)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep errors picklable across process pools with their keyword-only fields.
+        return (_rebuild, (type(self), self.message, self.hint, self.context))
+
+
+def _rebuild(
+    cls: type[FleetEnvError], message: str, hint: str | None, context: dict[str, str]
+) -> FleetEnvError:
+    err = cls.__new__(cls)
+    FleetEnvError.__init__(err, message, hint=hint, **context)
+    return err
+
+
+class ConfigurationError(FleetEnvError):
+    """Bad configuration or input data (task file, API key, base URL, arguments)."""
+
+
+class LoopThreadError(FleetEnvError, RuntimeError):
+    """A blocking fleetenv call was made on fleetenv's own event-loop thread (it would deadlock)."""
+
+    default_hint = (
+        "call the blocking API from another thread, or use the async twin (`await ..._async()`)"
+    )
+
+
+class DeadlineExceeded(FleetEnvError, TimeoutError):
+    """An operation ran past its timeout or the episode past its deadline."""
+
+
+class ConnectError(FleetEnvError, ConnectionError):
+    """Could not reach an endpoint (nothing was sent that could have had an effect)."""
+
+
+class ProvisioningError(FleetEnvError):
+    """Creating or preparing an instance failed."""
+
+
+class TransientProvisioningError(ProvisioningError):
+    """Provisioning failed for a reason that may pass (rate limit, 5xx, timeout, connection)."""
+
+    default_hint = "retry later, or lower the number of instances created at once"
+
+
+class PermanentProvisioningError(ProvisioningError):
+    """Provisioning can never succeed as asked (bad key, unknown environment or version)."""
+
+
+class InstanceGoneError(FleetEnvError):
+    """The instance was deleted, stopped, or expired (TTL) while it was still needed."""
+
+    default_hint = "raise ttl_seconds, or start a new episode on a fresh instance"
+
+
+class ToolError(FleetEnvError):
+    """Base of tool-level failures (as opposed to a tool that ran and reported an error)."""
+
+
+class ToolNotFoundError(ToolError, LookupError):
+    """The action named a tool that no endpoint of this episode offers."""
+
+
+class ToolArgumentsError(ToolError, ValueError):
+    """The tool arguments are not a JSON object (or not valid JSON)."""
+
+
+class ToolCallError(ToolError):
+    """A tool call failed in transport or protocol before it could have run."""
+
+
+class ToolCallMayHaveRunError(ToolCallError):
+    """A tool call failed after the request may have reached the server.
+
+    It is never retried by fleetenv: the tool may already have changed state, and a
+    replay could, for example, create a second booking.
+    """
+
+    default_hint = (
+        "check the environment state before calling the tool again; fleetenv does not "
+        "replay calls that may have run"
+    )
+
+
+class VerifierError(FleetEnvError):
+    """The verifier could not produce a grade (so the reward is unknown, not 0.0)."""
+
+
+class EpisodeStateError(FleetEnvError, RuntimeError):
+    """The episode object was used out of order (step before reset, after close, ...)."""

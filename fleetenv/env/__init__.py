@@ -1,0 +1,1 @@
+"""The episode object: reset/step/close, actions, observations, stop reasons, reward."""

@@ -1,0 +1,1 @@
+"""Fleet services: provisioning, the instance manager API, verifiers."""

@@ -1,0 +1,1 @@
+"""MCP: persistent connections, tool routing, tool schemas, typed tool results."""

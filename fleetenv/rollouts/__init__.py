@@ -1,0 +1,1 @@
+"""Rollouts: policies, run_episode, the executor-based runner, results and metrics."""

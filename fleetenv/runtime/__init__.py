@@ -1,0 +1,1 @@
+"""Runtime: the one background event loop, futures, deadlines, shutdown, fork safety."""
