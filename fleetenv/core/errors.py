@@ -23,6 +23,7 @@ __all__ = [
     "EpisodeStateError",
     "FleetEnvError",
     "InstanceGoneError",
+    "InvalidActionError",
     "LoopThreadError",
     "PermanentProvisioningError",
     "ProvisioningError",
@@ -166,3 +167,12 @@ class VerifierError(FleetEnvError):
 
 class EpisodeStateError(FleetEnvError, RuntimeError):
     """The episode object was used out of order (step before reset, after close, ...)."""
+
+
+class InvalidActionError(FleetEnvError, TypeError):
+    """``step()`` got something that is not an action in any accepted form."""
+
+    default_hint = (
+        "pass a fleetenv.ToolCall, an OpenAI tool_call dict, {'tool': ..., 'params': ...}, "
+        "or fleetenv.FinalAnswer(...)"
+    )

@@ -1,0 +1,89 @@
+"""Translate fleet-python and HTTP-client exceptions into fleetenv's errors.
+
+The decision "retry or give up" is made here, once, on exception *types* and HTTP
+status codes that fleet-python sets, never on substrings of messages: the previous
+Fleet client's substring classifier missed every kind of incident that mattered
+(rate limits, burst caps, ``"retryable": true`` bodies).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetenv.core.errors import (
+    FleetEnvError,
+    PermanentProvisioningError,
+    ProvisioningError,
+    TransientProvisioningError,
+)
+
+#: HTTP statuses after which the same request may succeed later.
+TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def provisioning_error(exc: Exception, **context: Any) -> ProvisioningError:
+    """Map an exception raised by ``fleet.Fleet.make`` (or a readiness poll) to our errors.
+
+    Auth, unknown environment / version, permission and other 4xx answers are permanent:
+    retrying them only burns the budget (and, at scale, "10k bad requests"). Rate limits,
+    instance-limit answers, 5xx, timeouts and connection failures are transient.
+    """
+    from fleet import exceptions as fx  # imported lazily: fleet-python costs ~0.4 s
+
+    name = type(exc).__name__
+    detail = _message(exc)
+    if isinstance(exc, fx.FleetAuthenticationError):
+        return PermanentProvisioningError(
+            f"Fleet rejected the API key (401): {detail}",
+            hint="check FLEET_API_KEY (or the api_key argument) and FLEET_BASE_URL",
+            **context,
+        )
+    if isinstance(exc, fx.FleetVersionNotFoundError | fx.FleetEnvironmentNotFoundError):
+        return PermanentProvisioningError(
+            f"Fleet does not know this environment or version: {detail}",
+            hint="check the task's env_key/env_version (and data_key/data_version); "
+            "`fleetenv tools ENV_KEY` lists what the environment offers",
+            **context,
+        )
+    if isinstance(exc, fx.FleetInstanceLimitError | fx.FleetRateLimitError):
+        return TransientProvisioningError(
+            f"Fleet is limiting instance creation ({name}): {detail}",
+            hint="lower max_creating / workers, or wait for running instances to finish",
+            **context,
+        )
+    if isinstance(exc, fx.FleetTimeoutError):
+        return TransientProvisioningError(f"Fleet timed out: {detail}", **context)
+    if isinstance(exc, fx.FleetAPIError):
+        status = exc.status_code
+        if status is None or status in TRANSIENT_STATUSES:
+            # status None = the request never got an HTTP answer (connection failure).
+            what = "could not be reached" if status is None else f"answered {status}"
+            return TransientProvisioningError(f"Fleet {what}: {detail}", **context)
+        return PermanentProvisioningError(
+            f"Fleet refused the request ({status}): {detail}",
+            hint="check the task's environment, version and data keys",
+            **context,
+        )
+    if _is_transport_error(exc):
+        return TransientProvisioningError(f"Fleet could not be reached ({name}): {detail}",
+                                          **context)
+    if isinstance(exc, FleetEnvError):
+        return ProvisioningError(str(exc), **context)
+    return PermanentProvisioningError(
+        f"provisioning failed with an unexpected {name}: {detail}",
+        hint="run with --debug / DEBUG logging for the traceback and report it",
+        **context,
+    )
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    """True for connection-level failures of httpx or requests (no HTTP answer)."""
+    import httpx
+    import requests
+
+    return isinstance(exc, httpx.TransportError | requests.ConnectionError | requests.Timeout)
+
+
+def _message(exc: BaseException) -> str:
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return str(message)[:300]

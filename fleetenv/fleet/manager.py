@@ -1,0 +1,96 @@
+"""The instance manager API (reset, describe, query) over ``requests``.
+
+fleet-python's manager client checks no status codes and shares the control plane's
+timeout (300 s), so a hung ``/reset`` on some images blocked episodes for minutes and the
+previous client mutated a shared client's timeout to work around it. Here every call has
+its own timeout and every failure becomes a typed error that names the instance.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import requests
+
+from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, InstanceGoneError
+
+_local = threading.local()
+
+
+def _session() -> requests.Session:
+    # requests.Session is not documented as thread-safe; one per thread keeps pooling.
+    session = getattr(_local, "session", None)
+    if session is None:
+        session = _local.session = requests.Session()
+    return session
+
+
+class ManagerClient:
+    """Calls one instance's manager API (``{root}api/v1/env``)."""
+
+    def __init__(self, manager_url: str, *, instance_id: str | None = None,
+                 timeout: float = 30.0) -> None:
+        self.manager_url = manager_url.rstrip("/")
+        self.instance_id = instance_id
+        self.timeout = timeout
+
+    def reset(self, *, seed: int | None = None, timeout: float = 10.0) -> dict[str, Any]:
+        """Restore the seed state. Raises on failure: a silently dirty instance would make
+        every later reward wrong."""
+        body = self._request("POST", "/reset", json={"seed": seed, "timestamp": None},
+                             timeout=timeout, what="reset")
+        if isinstance(body, dict) and body.get("success") is False:
+            raise FleetEnvError(
+                f"manager reset reported failure: {body.get('message') or body}",
+                hint="start the episode on a fresh instance",
+                instance=self.instance_id, endpoint=f"{self.manager_url}/reset",
+            )
+        return body if isinstance(body, dict) else {"result": body}
+
+    def describe_db(self, name: str = "current") -> dict[str, Any]:
+        """Tables and columns of one SQLite resource (``current`` or ``seed``)."""
+        return self._request("GET", f"/resources/sqlite/{name}/describe",
+                             timeout=self.timeout, what=f"describe {name} db")
+
+    def query_db(self, sql: str, args: list[Any] | None = None, *, name: str = "current",
+                 read_only: bool = True) -> dict[str, Any]:
+        """Run SQL on a SQLite resource; read-only unless asked (the server enforces it)."""
+        body = self._request(
+            "POST", f"/resources/sqlite/{name}/query",
+            json={"query": sql, "args": args, "read_only": read_only},
+            timeout=self.timeout, what=f"query {name} db",
+        )
+        if isinstance(body, dict) and body.get("success") is False:
+            raise FleetEnvError(
+                f"query failed: {body.get('error') or body.get('message')}",
+                hint="check the SQL against describe_db(); writes need read_only=False",
+                instance=self.instance_id,
+            )
+        return body
+
+    def _request(self, method: str, path: str, *, timeout: float, what: str,
+                 json: Any = None) -> Any:
+        url = f"{self.manager_url}{path}"
+        context = {"instance": self.instance_id, "endpoint": url}
+        try:
+            response = _session().request(method, url, json=json, timeout=timeout)
+        except requests.Timeout as exc:
+            raise DeadlineExceeded(f"manager {what} did not answer within {timeout:g} s",
+                                   **context) from exc
+        except requests.ConnectionError as exc:
+            raise InstanceGoneError(f"manager {what} could not connect: {exc}",
+                                    **context) from exc
+        if response.status_code in (404, 410):
+            raise InstanceGoneError(
+                f"manager {what}: instance not found ({response.status_code})", **context)
+        if response.status_code >= 400:
+            raise FleetEnvError(
+                f"manager {what} answered {response.status_code}: {response.text[:200]}",
+                **context,
+            )
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise FleetEnvError(f"manager {what} answered non-JSON: {response.text[:200]}",
+                                **context) from exc

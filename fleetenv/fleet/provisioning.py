@@ -1,0 +1,266 @@
+"""Creating and deleting instances with fleet-python, inside caps, retries and a budget.
+
+``provision()`` is blocking and runs in the caller's thread (or a worker thread for the
+async twins), never on the event-loop thread: a create can take minutes on real Fleet and
+must not stall other episodes' MCP traffic.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleetenv.core.errors import (
+    DeadlineExceeded,
+    InstanceGoneError,
+    ProvisioningError,
+    TransientProvisioningError,
+)
+from fleetenv.core.retry import Backoff, Deadline
+from fleetenv.fleet import limits
+from fleetenv.fleet.classify import provisioning_error
+from fleetenv.fleet.registry import REGISTRY, LiveInstance, install_exit_hooks
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fleet.client import SyncEnv
+
+    from fleetenv.fleet.client import FleetClient
+
+logger = logging.getLogger("fleetenv.provisioning")
+
+#: Image type fleet-python sends per modality (research: computer_use runs the "mcp" image).
+IMAGE_TYPES: dict[str, str | None] = {"tool_use": None, "computer_use": "mcp",
+                                       "browser_use": None}
+
+#: Tags every instance of this process, so leftovers can be listed and swept.
+RUN_ID = f"fleetenv-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class ProvisionRequest:
+    env_key: str
+    env_version: str | None = None
+    data_key: str | None = None
+    data_version: str | None = None
+    env_variables: dict[str, Any] | None = None
+    modality: str = "tool_use"
+    ttl_seconds: int | None = None
+    task_key: str | None = None
+
+    @property
+    def env_spec(self) -> str:
+        return f"{self.env_key}:{self.env_version}" if self.env_version else self.env_key
+
+    @property
+    def data_spec(self) -> str | None:
+        if self.data_key and self.data_version:
+            return f"{self.data_key}:{self.data_version}"
+        return self.data_key
+
+
+@dataclass
+class Instance:
+    """A running instance this process owns (it is in the registry until deleted)."""
+
+    instance_id: str
+    env_key: str
+    root_url: str
+    manager_url: str
+    env: SyncEnv = field(repr=False)
+    provision_seconds: float = 0.0
+    attempts: int = 1
+    deleted: bool = False
+    holds_live_slot: bool = field(default=False, repr=False)
+
+
+ProvisionListener = Callable[[str, dict[str, Any]], None]
+"""Receives ("retry", {...}) / ("provisioned", {...}) notes; the env turns them into events."""
+
+
+class Provisioner:
+    """Creates instances with retries on typed transient errors and deletes them.
+
+    One per FleetClient; safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        client: FleetClient,
+        *,
+        budget_s: float = 600.0,
+        backoff: Backoff | None = None,
+        ready_timeout_s: float = 300.0,
+        delete_timeout_s: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.budget_s = budget_s
+        self.backoff = backoff or Backoff(base=1.0, cap=20.0)
+        self.ready_timeout_s = ready_timeout_s
+        self.delete_timeout_s = delete_timeout_s
+        REGISTRY.add_sweeper(self.sweep)
+
+    def provision(self, request: ProvisionRequest, *,
+                  deadline: Deadline | None = None,
+                  listener: ProvisionListener | None = None) -> Instance:
+        """Create an instance, wait until it runs, load its resources; register it.
+
+        Raises ``PermanentProvisioningError`` at once for auth / unknown env or version,
+        ``TransientProvisioningError`` when the budget ran out on retryable failures, and
+        ``DeadlineExceeded`` when a cap slot did not free up in time.
+        """
+        deadline = deadline or Deadline(self.budget_s)
+        context = {"task": request.task_key, "env": request.env_spec}
+        started = time.monotonic()
+        install_exit_hooks()
+        limits.LIVE.acquire(deadline, **context)
+        try:
+            with limits.CREATING.slot(deadline, **context):
+                instance = self._create_with_retries(request, deadline, context, listener)
+        except BaseException:
+            limits.LIVE.release()
+            raise
+        instance.holds_live_slot = True  # released when the instance is deleted
+        instance.provision_seconds = time.monotonic() - started
+        if listener:
+            listener("provisioned", {"instance_id": instance.instance_id,
+                                     "seconds": instance.provision_seconds,
+                                     "attempts": instance.attempts})
+        return instance
+
+    def _create_with_retries(self, request: ProvisionRequest, deadline: Deadline,
+                             context: dict[str, str | None],
+                             listener: ProvisionListener | None) -> Instance:
+        attempt = 0
+        while True:
+            try:
+                return self._create_once(request, deadline, attempt + 1)
+            except Exception as exc:
+                error = exc if isinstance(exc, ProvisioningError) else provisioning_error(
+                    exc, **context)
+                if not isinstance(error, TransientProvisioningError):
+                    raise error from exc
+                delay = self.backoff.delay(attempt)
+                remaining = deadline.remaining()
+                if remaining is not None and remaining <= delay:
+                    raise TransientProvisioningError(
+                        f"gave up after {attempt + 1} attempt(s) within the "
+                        f"{deadline.seconds:.0f} s provisioning budget; last error: "
+                        f"{error.message}",
+                        hint="raise the provisioning budget, lower concurrency, or retry later",
+                        **context,
+                    ) from exc
+                attempt += 1
+                logger.info("provisioning %s failed (%s); retry %d in %.1f s",
+                            request.env_spec, type(exc).__name__, attempt, delay)
+                if listener:
+                    listener("retry", {"attempt": attempt, "delay_s": delay,
+                                       "error_type": type(exc).__name__,
+                                       "error": error.message})
+                time.sleep(delay)  # a retry backoff, not a readiness wait
+
+    def _create_once(self, request: ProvisionRequest, deadline: Deadline,
+                     attempt: int) -> Instance:
+        ttl = request.ttl_seconds
+        sdk = self.client.sdk
+        env = sdk.make(
+            request.env_spec,
+            data_key=request.data_spec,
+            env_variables=request.env_variables or None,
+            image_type=IMAGE_TYPES.get(request.modality),
+            ttl_seconds=ttl,
+            run_id=RUN_ID,
+            timeout=deadline.cap(900.0),
+        )
+        instance = Instance(
+            instance_id=env.instance_id, env_key=request.env_spec, root_url="",
+            manager_url="", env=env, attempts=attempt,
+        )
+        # From here on the instance exists: register it before anything else can fail.
+        REGISTRY.add(LiveInstance(env.instance_id, request.env_spec,
+                                  lambda: self._delete_quietly(instance)))
+        try:
+            env = self._wait_until_running(env, deadline, request)
+            env.resources()  # fleet-python's db() raises KeyError until this ran
+        except BaseException:
+            self.delete(instance)
+            raise
+        instance.env = env
+        instance.root_url = env.urls.root if env.urls else ""
+        instance.manager_url = env.manager_url
+        return instance
+
+    def _wait_until_running(self, env: SyncEnv, deadline: Deadline,
+                            request: ProvisionRequest) -> SyncEnv:
+        """Poll with backoff until the instance runs (real Fleet may answer "pending")."""
+        ready = Deadline(deadline.cap(self.ready_timeout_s))
+        poll = Backoff(base=0.25, cap=5.0)
+        attempt = 0
+        while env.status != "running":
+            if env.status in ("stopped", "error"):
+                raise TransientProvisioningError(
+                    f"instance {env.instance_id} went to status {env.status!r} while starting",
+                    task=request.task_key, env=request.env_spec, instance=env.instance_id,
+                )
+            if ready.expired():
+                raise DeadlineExceeded(
+                    f"instance {env.instance_id} was not running after "
+                    f"{ready.seconds:.0f} s (status {env.status!r})",
+                    hint="raise ready_timeout_s, or check Fleet's status page",
+                    task=request.task_key, env=request.env_spec, instance=env.instance_id,
+                )
+            time.sleep(ready.cap(poll.delay(attempt)))  # bounded poll with backoff
+            attempt += 1
+            env = self.client.sdk.instance(env.instance_id)
+        return env
+
+    def delete(self, instance: Instance) -> None:
+        """Delete the instance (idempotent). An already-gone instance counts as deleted."""
+        if instance.deleted:
+            return
+        try:
+            self.client.sdk.delete(instance.instance_id)
+        except Exception as exc:
+            if not _already_gone(exc):
+                raise InstanceGoneError(
+                    f"could not delete instance {instance.instance_id}: {exc}",
+                    hint="it will be reaped by its TTL; `fleetenv` can sweep leftovers",
+                    instance=instance.instance_id, env=instance.env_key,
+                ) from exc
+        self._forget(instance)
+
+    def _delete_quietly(self, instance: Instance) -> None:
+        self.delete(instance)
+
+    def _forget(self, instance: Instance) -> None:
+        if not instance.deleted:
+            instance.deleted = True
+            REGISTRY.discard(instance.instance_id)
+            if instance.holds_live_slot:
+                instance.holds_live_slot = False
+                limits.LIVE.release()
+
+    def sweep(self) -> list[str]:
+        """Delete every running instance tagged with this process's run id.
+
+        Catches instances whose create answer never reached us (a dropped connection
+        after the server created it): they are in Fleet's list but not in our registry.
+        """
+        swept = []
+        for env in self.client.sdk.instances(status="running", run_id=RUN_ID):
+            try:
+                self.client.sdk.delete(env.instance_id)
+            except Exception as exc:
+                logger.warning("sweep could not delete %s: %s", env.instance_id, exc)
+                continue
+            swept.append(env.instance_id)
+        return swept
+
+
+def _already_gone(exc: Exception) -> bool:
+    from fleet import exceptions as fx
+
+    return isinstance(exc, fx.FleetAPIError) and exc.status_code in (404, 410)
