@@ -31,10 +31,37 @@ from fleetenv.core.errors import (
 )
 
 # name -> module that defines it; imported on first attribute access.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "FleetEnv": "fleetenv.env.episode",
+    "Observation": "fleetenv.env.observation",
+    "ToolCall": "fleetenv.env.actions",
+    "FinalAnswer": "fleetenv.env.actions",
+    "Done": "fleetenv.env.actions",
+    "Task": "fleetenv.core.tasks",
+    "load_tasks": "fleetenv.core.task_files",
+    "FleetConfig": "fleetenv.core.config",
+    "resolve_config": "fleetenv.core.config",
+    "EventBus": "fleetenv.core.event_bus",
+    "JsonlSink": "fleetenv.core.event_sinks",
+    "Grade": "fleetenv.fleet.verifier",
+    "Tool": "fleetenv.mcp.tools",
+    "ToolResult": "fleetenv.mcp.results",
+    "LocalFleet": "fleetenv.local",
+}
 
 if TYPE_CHECKING:  # pragma: no cover
-    pass
+    from fleetenv.core.config import FleetConfig, resolve_config
+    from fleetenv.core.event_bus import EventBus
+    from fleetenv.core.event_sinks import JsonlSink
+    from fleetenv.core.task_files import load_tasks
+    from fleetenv.core.tasks import Task
+    from fleetenv.env.actions import Done, FinalAnswer, ToolCall
+    from fleetenv.env.episode import FleetEnv
+    from fleetenv.env.observation import Observation
+    from fleetenv.fleet.verifier import Grade
+    from fleetenv.local import LocalFleet
+    from fleetenv.mcp.results import ToolResult
+    from fleetenv.mcp.tools import Tool
 
 
 def __getattr__(name: str) -> Any:
@@ -54,20 +81,34 @@ __all__ = [
     "ConfigurationError",
     "ConnectError",
     "DeadlineExceeded",
+    "Done",
     "EpisodeStateError",
+    "EventBus",
+    "FinalAnswer",
+    "FleetConfig",
+    "FleetEnv",
     "FleetEnvError",
+    "Grade",
     "InstanceGoneError",
     "InvalidActionError",
+    "JsonlSink",
+    "LocalFleet",
     "LoopThreadError",
+    "Observation",
     "PermanentProvisioningError",
     "ProvisioningError",
+    "Task",
+    "Tool",
     "ToolArgumentsError",
+    "ToolCall",
     "ToolCallError",
     "ToolCallMayHaveRunError",
     "ToolError",
     "ToolNotFoundError",
+    "ToolResult",
     "TransientProvisioningError",
     "VerifierError",
     "__version__",
-    *_LAZY,
+    "load_tasks",
+    "resolve_config",
 ]

@@ -101,6 +101,9 @@ class Provisioner:
         self.backoff = backoff or Backoff(base=1.0, cap=20.0)
         self.ready_timeout_s = ready_timeout_s
         self.delete_timeout_s = delete_timeout_s
+        # Set when a create failed in a way that may have created an instance anyway
+        # (timeout, dropped connection, 5xx): only then is a sweep at exit worth a request.
+        self._unsure_creates = False
         REGISTRY.add_sweeper(self.sweep)
 
     def provision(self, request: ProvisionRequest, *,
@@ -143,6 +146,7 @@ class Provisioner:
                     exc, **context)
                 if not isinstance(error, TransientProvisioningError):
                     raise error from exc
+                self._unsure_creates = True
                 delay = self.backoff.delay(attempt)
                 remaining = deadline.remaining()
                 if remaining is not None and remaining <= delay:
@@ -248,9 +252,15 @@ class Provisioner:
 
         Catches instances whose create answer never reached us (a dropped connection
         after the server created it): they are in Fleet's list but not in our registry.
+        Does nothing unless such a create failure happened.
         """
-        swept = []
+        swept: list[str] = []
+        if not self._unsure_creates:
+            return swept
+        live = set(REGISTRY.live_ids())
         for env in self.client.sdk.instances(status="running", run_id=RUN_ID):
+            if env.instance_id in live:
+                continue  # owned by a running episode, which will delete it
             try:
                 self.client.sdk.delete(env.instance_id)
             except Exception as exc:

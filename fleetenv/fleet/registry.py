@@ -17,7 +17,6 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 logger = logging.getLogger("fleetenv.instances")
@@ -100,9 +99,29 @@ class InstanceRegistry:
             self.discard(item.instance_id)
             return True
 
-        with ThreadPoolExecutor(max_workers=min(workers, len(pending)),
-                                thread_name_prefix="fleetenv-delete") as pool:
-            return sum(pool.map(delete_one, pending))
+        # Plain threads, not a ThreadPoolExecutor: at interpreter exit concurrent.futures
+        # refuses new work ("cannot schedule new futures after interpreter shutdown").
+        results: list[bool] = []
+        queue = list(pending)
+        queue_lock = threading.Lock()
+
+        def worker() -> None:
+            while True:
+                with queue_lock:
+                    if not queue:
+                        return
+                    item = queue.pop()
+                ok = delete_one(item)
+                with queue_lock:
+                    results.append(ok)
+
+        threads = [threading.Thread(target=worker, name=f"fleetenv-delete-{n}", daemon=True)
+                   for n in range(min(workers, len(pending)))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()  # each delete is bounded by the HTTP client's timeout
+        return sum(results)
 
 
 REGISTRY = InstanceRegistry()

@@ -38,6 +38,7 @@ CELL_H = GLYPH_H + 1
 
 # The classic 5x8 "glcdfont" (ASCII 0x20-0x7E), column-major: 5 bytes per glyph, one per
 # column, bit 0 = top row. Rows 0-6 hold capitals, row 7 the descenders of g/j/p/q/y.
+# fmt: off
 _FONT_HEX = (
     "0000000000" "00005f0000" "0007000700" "147f147f14" "242a7f2a12" "2313086462"
     "3649562050" "0008070300" "001c224100" "0041221c00" "2a1c7f1c2a" "08083e0808"
@@ -56,6 +57,7 @@ _FONT_HEX = (
     "04043f4424" "3c4040207c" "1c2040201c" "3c4030403c" "4428102844" "4c9090907c"
     "4464544c44" "0008364100" "0000770000" "0041360800" "0201020402"
 )
+# fmt: on
 
 
 def _decode_font() -> dict[str, tuple[tuple[bool, ...], ...]]:
@@ -64,8 +66,7 @@ def _decode_font() -> dict[str, tuple[tuple[bool, ...], ...]]:
     for index in range(95):
         columns = bytes.fromhex(_FONT_HEX[index * 10 : index * 10 + 10])
         rows = tuple(
-            tuple(bool(columns[col] >> row & 1) for col in range(GLYPH_W))
-            for row in range(GLYPH_H)
+            tuple(bool(columns[col] >> row & 1) for col in range(GLYPH_W)) for row in range(GLYPH_H)
         )
         font[chr(0x20 + index)] = rows
     return font

@@ -1,0 +1,83 @@
+"""Delivering events to sinks, with accounting, without letting a sink hurt an episode.
+
+A metrics exporter that throws, or a full disk under a JSONL sink, must not turn a graded
+rollout into a failed one. So ``emit`` never raises because of a sink: the first failure
+of each sink is logged with its traceback, later ones are only counted
+(``sink_failures``). ``KeyboardInterrupt`` and other ``BaseException``s are not caught.
+
+``emit`` runs the sinks synchronously in the calling thread. Emit from the caller's thread
+(the sync side), not from fleetenv's event-loop thread, where a slow sink would stall every
+episode's MCP traffic.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+from fleetenv.core.event_sinks import EventSink, LoggingSink
+from fleetenv.core.events import Event
+from fleetenv.core.rollout_accounting import AccountingReport, RolloutAccounting
+
+__all__ = ["EventBus"]
+
+logger = logging.getLogger(__name__)
+
+
+class EventBus:
+    """Sends each event to every sink, after the rollout accounting has seen it.
+
+    ``sinks=None`` means one ``LoggingSink``; pass ``[]`` for none. Thread-safe.
+    """
+
+    def __init__(self, sinks: Iterable[EventSink] | None = None, *,
+                 accounting: RolloutAccounting | None = None) -> None:
+        self.accounting = accounting or RolloutAccounting()
+        self._sinks: tuple[EventSink, ...] = (
+            (LoggingSink(),) if sinks is None else tuple(sinks))
+        self._lock = threading.Lock()
+        self._failures: dict[int, int] = {}
+
+    @property
+    def sinks(self) -> tuple[EventSink, ...]:
+        return self._sinks
+
+    def add_sink(self, sink: EventSink) -> None:
+        with self._lock:
+            self._sinks = (*self._sinks, sink)
+
+    def remove_sink(self, sink: EventSink) -> None:
+        with self._lock:
+            self._sinks = tuple(s for s in self._sinks if s != sink)
+
+    def emit(self, event: Event) -> None:
+        """Account for ``event`` and deliver it (a rule-breaking duplicate is dropped).
+
+        Raises only in ``strict`` accounting mode, on a broken exactly-once rule.
+        """
+        if not self.accounting.observe(event):
+            return
+        for sink in self._sinks:  # a snapshot: the tuple is replaced, never changed
+            try:
+                sink(event)
+            except Exception:
+                self._sink_failed(sink, event)
+
+    def _sink_failed(self, sink: EventSink, event: Event) -> None:
+        with self._lock:
+            count = self._failures.get(id(sink), 0) + 1
+            self._failures[id(sink)] = count
+        if count == 1:
+            logger.warning("event sink %r failed on a %s event; it stays attached, and its "
+                           "further failures are counted, not logged", sink, event.kind,
+                           exc_info=True)
+
+    def sink_failures(self, sink: EventSink) -> int:
+        """How many events ``sink`` failed to take."""
+        with self._lock:
+            return self._failures.get(id(sink), 0)
+
+    def report(self) -> AccountingReport:
+        """The rollout accounting so far (started / completed / by reason / violations)."""
+        return self.accounting.report()

@@ -1,0 +1,298 @@
+"""Typed lifecycle records of rollouts: what happened, to which rollout, when.
+
+Every event carries its identity explicitly (``rollout_id``, ``task_key``, ``env_key``,
+``instance_id``). The previous client kept them in a ContextVar set by whichever asyncio
+task built the env, so events from worker threads and other tasks came out unlabelled or
+mislabelled; a ``RolloutRef`` passed by hand cannot be lost that way.
+
+Events are frozen dataclasses of JSON values, so they pickle across process pools and
+serialise to one JSON line. Free text (error messages) goes through ``redact()`` and is
+capped in length when the event is built, so no sink ever sees a credential or a
+megabyte of stack trace. ``env_key`` is the environment as provisioned, ``"key:version"``
+when versioned (``Task.env_spec``).
+
+Delivery (sinks, accounting) lives in ``fleetenv.core.event_bus``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from fleetenv.core.errors import redact
+
+__all__ = [
+    "Event",
+    "InstanceDeleteFailed",
+    "InstanceDeleted",
+    "InstanceProvisioned",
+    "ProvisioningFailed",
+    "ProvisioningRetry",
+    "ResetFailed",
+    "RolloutCompleted",
+    "RolloutRef",
+    "RolloutStarted",
+    "ToolCallFailed",
+    "ToolErrorReported",
+    "VerifierFailed",
+    "event_from_dict",
+    "new_rollout_id",
+]
+
+#: Longest free-text value an event keeps; the rest is replaced by a marker.
+MAX_TEXT = 2000
+
+_KINDS: dict[str, type[Event]] = {}
+
+E = TypeVar("E", bound="Event")
+
+
+def new_rollout_id() -> str:
+    """A fresh, unique rollout id (32 hex characters)."""
+    return uuid.uuid4().hex
+
+
+def _clean_text(value: str) -> str:
+    text = redact(value)
+    if len(text) > MAX_TEXT:
+        cut = len(text) - MAX_TEXT
+        text = f"{text[:MAX_TEXT]}... [{cut} more characters]"
+    return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Base of all events. ``kind`` names the event type in logs and JSONL."""
+
+    kind: ClassVar[str] = "event"
+    level: ClassVar[int] = logging.INFO
+
+    rollout_id: str
+    task_key: str | None = None
+    env_key: str | None = None
+    instance_id: str | None = None
+    #: Seconds since the epoch (``time.time()``) when the event was built.
+    timestamp: float = field(default_factory=time.time)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind in _KINDS:
+            raise TypeError(f"event kind {cls.kind!r} is already used by {_KINDS[cls.kind]}")
+        _KINDS[cls.kind] = cls
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rollout_id, str) or not self.rollout_id:
+            raise ValueError(f"{type(self).__name__} needs a non-empty rollout_id")
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, str):
+                object.__setattr__(self, item.name, _clean_text(value))
+
+    @property
+    def log_level(self) -> int:
+        """The ``logging`` level this event is logged at."""
+        return self.level
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields, ``kind`` first."""
+        data: dict[str, Any] = {"kind": self.kind}
+        for item in dataclasses.fields(self):
+            data[item.name] = getattr(self, item.name)
+        return data
+
+    def to_json(self) -> str:
+        """One line of JSON (no newline)."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":"))
+
+    def summary(self) -> str:
+        """``kind key=value ...`` for log lines (fields that are set, timestamp omitted)."""
+        parts = [self.kind]
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if value is None or item.name == "timestamp":
+                continue
+            if isinstance(value, float):
+                value = f"{value:.3f}".rstrip("0").rstrip(".")
+            elif isinstance(value, str) and (" " in value or not value):
+                value = json.dumps(value, ensure_ascii=False)
+            parts.append(f"{item.name}={value}")
+        return " ".join(parts)
+
+
+def event_from_dict(data: Mapping[str, Any]) -> Event:
+    """Rebuild an event from ``to_dict()`` output (e.g. a JSONL line read back).
+
+    Unknown fields are ignored so files written by newer versions still load.
+    """
+    kind = data.get("kind")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown event kind {kind!r}; known: {', '.join(sorted(_KINDS))}")
+    names = {item.name for item in dataclasses.fields(cls)}
+    return cls(**{name: value for name, value in data.items() if name in names})
+
+
+@dataclass(frozen=True)
+class RolloutRef:
+    """The identity of one rollout, handed to whoever emits events for it.
+
+    ``ref.event(ToolCallFailed, tool_name=..., ...)`` fills in the four ids.
+    """
+
+    rollout_id: str = field(default_factory=new_rollout_id)
+    task_key: str | None = None
+    env_key: str | None = None
+    instance_id: str | None = None
+
+    def with_instance(self, instance_id: str | None) -> RolloutRef:
+        return dataclasses.replace(self, instance_id=instance_id)
+
+    def event(self, event_type: type[E], **fields: Any) -> E:
+        return event_type(rollout_id=self.rollout_id, task_key=self.task_key,
+                          env_key=self.env_key, instance_id=self.instance_id, **fields)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutStarted(Event):
+    """Emitted before provisioning, so rollouts that fail to start are still counted."""
+
+    kind: ClassVar[str] = "rollout_started"
+
+    modality: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutCompleted(Event):
+    """Exactly one per started rollout, whatever way it ended.
+
+    ``reason`` is the stop reason (e.g. ``"done"``, ``"max_steps"``, ``"error"``).
+    ``reward`` is ``None`` when the grade is unknown, never a stand-in ``0.0``;
+    ``grade_status`` says why (e.g. ``"graded"``, ``"no_verifier"``, ``"verifier_error"``).
+    """
+
+    kind: ClassVar[str] = "rollout_completed"
+
+    reason: str
+    grade_status: str
+    reward: float | None = None
+    steps: int = 0
+    error: str | None = None
+    duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.reward is not None:
+            if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)):
+                raise TypeError(f"reward must be a float or None, got {self.reward!r}")
+            if not math.isfinite(self.reward):
+                raise ValueError(f"reward must be finite, got {self.reward!r}")
+            object.__setattr__(self, "reward", float(self.reward))
+
+    @property
+    def log_level(self) -> int:
+        return logging.WARNING if self.error else logging.INFO
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceProvisioned(Event):
+    kind: ClassVar[str] = "instance_provisioned"
+
+    seconds: float
+    attempts: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProvisioningRetry(Event):
+    """A transient provisioning failure; another attempt follows after ``delay_s``."""
+
+    kind: ClassVar[str] = "provisioning_retry"
+    level: ClassVar[int] = logging.WARNING
+
+    attempt: int
+    delay_s: float
+    error_type: str
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProvisioningFailed(Event):
+    kind: ClassVar[str] = "provisioning_failed"
+    level: ClassVar[int] = logging.ERROR
+
+    attempts: int
+    error_type: str
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResetFailed(Event):
+    kind: ClassVar[str] = "reset_failed"
+    level: ClassVar[int] = logging.WARNING
+
+    error_type: str
+    error: str = ""
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallFailed(Event):
+    """The call failed in transport or protocol (the tool gave no answer)."""
+
+    kind: ClassVar[str] = "tool_call_failed"
+    level: ClassVar[int] = logging.ERROR
+
+    tool_name: str
+    step: int
+    error_type: str
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolErrorReported(Event):
+    """The tool ran and answered with an error; normal agent life, so INFO."""
+
+    kind: ClassVar[str] = "tool_error_reported"
+
+    tool_name: str
+    step: int
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifierFailed(Event):
+    """The verifier could not produce a grade; the rollout's reward is unknown."""
+
+    kind: ClassVar[str] = "verifier_failed"
+    level: ClassVar[int] = logging.ERROR
+
+    error_type: str
+    error: str = ""
+    steps: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceDeleted(Event):
+    """``reason`` says who deleted it: ``"closed"``, ``"atexit"``, ``"signal"``, ``"sweep"``."""
+
+    kind: ClassVar[str] = "instance_deleted"
+
+    reason: str = "closed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceDeleteFailed(Event):
+    """The instance may still be running (until its TTL): a cost leak worth seeing."""
+
+    kind: ClassVar[str] = "instance_delete_failed"
+    level: ClassVar[int] = logging.ERROR
+
+    error_type: str
+    error: str = ""

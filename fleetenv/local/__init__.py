@@ -1,0 +1,92 @@
+"""fleetenv.local: an embedded stand-in of Fleet on loopback.
+
+The unmodified fleet-python SDK provisions, resets, queries, verifies and deletes
+against it, and MCP clients list and call tools on it, exactly as they would on Fleet::
+
+    from fleetenv.local import LocalFleet
+    import fleet
+
+    with LocalFleet() as local:                      # serves fleetenv.local.apps.APPS
+        client = fleet.Fleet(api_key=local.token, base_url=local.base_url, max_retries=0)
+        env = client.make("helpdesk")                # POST /v1/env/instances
+        mcp_url = f"{env.urls.root}mcp"              # app tools; computer: {root}api/v1/mcp
+        env.close()
+
+It never imports the rest of fleetenv, and importing this package is cheap: mcp,
+uvicorn and fleet-python are imported when a server starts.
+
+Layout of one server (one port; ``{root}`` = ``{base_url}/instances/{id}/``):
+
+* control plane ``/v1/...`` (bearer token ``LocalFleet.token``): instances (create with
+  idempotent ``X-Request-ID``, get, list by status, delete, batch delete, heartbeat),
+  environments, regions, account, runner token, verifier check/execute;
+* ``{root}api/v1/env/...``: the manager API over the instance's SQLite files (reset,
+  resources, describe, query honouring ``read_only``, structured diff, health);
+* ``{root}mcp`` and ``{root}api/v1/mcp`` (with or without a trailing slash):
+  streamable-HTTP MCP servers with the app's tools and its ``computer`` tool;
+* ``/_local/...`` (same token): the admin routes behind ``LocalFleet.instances()``,
+  ``tool_call_counts()``, ``tool_calls_by_call_id()`` and ``LocalFleet.faults``.
+
+Instances stop when deleted or when ``ttl_seconds`` (default 3600) runs out; the
+control plane then reports ``status: "stopped"`` and every instance URL answers
+``410 Gone`` with a JSON ``detail`` (fast: fleet-python does not retry 410).
+Verifier code runs in a small pool of pre-warmed worker processes with a time limit
+(the request's ``timeout``, capped by ``verifier_timeout``); a verifier that hangs or
+kills its interpreter yields an error result and the server keeps serving.
+
+Fault injection
+---------------
+``fleet.faults.add(kind, *, instance=, tool=, route=, method=, key=, seconds=, status=,
+message=, times=) -> fault_id``; ``fleet.faults.clear(fault_id=None)`` removes one or
+all (and releases held requests); ``fleet.faults.list()``; ``fleet.faults.expire(id)``
+expires an instance now, exactly as its TTL would. ``times=None`` keeps a fault until
+cleared; ``times=N`` applies it to the next N matching events (``times=1``: one-shot).
+Selectors left out match everything. ``route`` is an ``fnmatch`` glob on the request
+path, e.g. ``"/v1/env/instances*"`` (control plane), ``"*/api/v1/env/reset"`` (manager),
+``"*/mcp*"`` (both MCP endpoints), ``"*/api/v1/mcp*"`` (computer endpoint only).
+``*`` also matches ``/``, so ``"*/mcp*"`` covers both MCP endpoints; to pick the app-tools
+endpoint alone, name it: ``f"/instances/{iid}/mcp*"``. ``instance`` matches instance URLs
+and ``/v1/env/instances/{id}...``.
+
+=================  ==============================  =====================================
+kind               selectors / parameters          effect
+=================  ==============================  =====================================
+http_error         route method instance;          answer ``{"detail": message}`` with
+                   status (503), message           ``status`` (e.g. 429, 500, 502, 503)
+http_delay         route method instance; seconds  wait, then handle normally
+http_hang          route method instance           hold the request until the fault is
+                                                   cleared (then handle it) or the server
+                                                   stops (then drop it)
+drop_connection    route method instance           close the socket with no response
+tool_delay         instance tool; seconds          wait before running the tool
+tool_hang          instance tool                   hold the tool call until cleared
+tool_error         instance tool; message          tool returns ``isError`` and does not
+                                                   run
+session_loss       instance route                  the next MCP request on an existing
+                                                   session finds it forgotten: 404
+                                                   "Session not found"
+create_error       status (503), message           ``POST /v1/env/instances`` fails with
+                                                   ``status``; ``times=N`` = N transient
+                                                   failures, a 4xx = a permanent one
+create_failed      message                         the instance is created in status
+                                                   ``"error"`` (a boot failure): permanent
+verifier_crash     instance key                    the verifier's worker process dies
+                                                   mid-run; error result
+verifier_hang      instance key                    the verifier hangs until its time
+                                                   limit; error result
+=================  ==============================  =====================================
+
+Tool executions are counted per instance and tool, and per ``_meta["fleetenv/call_id"]``
+(a count above 1 for one call id means a logical call ran twice). Unknown tool names,
+``tool_error`` faults and calls cancelled while held by a delay or hang do not count.
+
+Not modelled: heartbeats are recorded but never expire an instance; tasks, jobs, traces
+and sessions routes answer 501.
+"""
+
+from __future__ import annotations
+
+from fleetenv.local.config import LocalFleetError
+from fleetenv.local.local_fleet import Faults, LocalFleet
+
+__all__ = ["Faults", "LocalFleet", "LocalFleetError"]

@@ -1,0 +1,226 @@
+"""The ``computer`` tool protocol shared by every sample app.
+
+Fleet's computer-use environments expose one MCP tool named ``computer`` that takes an
+``action`` and returns a JSON text ``{"base64_image": "data:image/png;base64,..."}``. This
+module owns that protocol (argument validation, key names, coordinates, the screenshot
+envelope, one lock per instance) so each app only supplies a :class:`Screen`: how to draw
+its current state from the database and what a click, text or key does. Layouts are
+fixed-size and deterministic, so a reference solution can be a list of clicks.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol
+
+from pydantic import Field
+
+from fleetenv.local.apps.base import DbFactory
+from fleetenv.local.apps.screen import Canvas
+from fleetenv.local.apps.toolkit import AppError, tool_errors
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mcp.server import MCPServer
+
+SCREEN_WIDTH = 800
+SCREEN_HEIGHT = 600
+
+#: Key names accepted by ``action="key"`` (xdotool spellings and common aliases).
+KEY_ALIASES: dict[str, str] = {
+    "enter": "Enter",
+    "return": "Enter",
+    "kp_enter": "Enter",
+    "escape": "Escape",
+    "esc": "Escape",
+    "backspace": "Backspace",
+    "tab": "Tab",
+    "page_down": "PageDown",
+    "pagedown": "PageDown",
+    "next": "PageDown",
+    "page_up": "PageUp",
+    "pageup": "PageUp",
+    "prior": "PageUp",
+    "home": "Home",
+    "end": "End",
+}
+
+
+@dataclass(frozen=True)
+class Hotspot:
+    """A clickable region of the current screen and what it means to the app."""
+
+    x: int
+    y: int
+    w: int
+    h: int
+    target: str
+    """What was clicked, e.g. ``"row"``, ``"button:resolve"``, ``"field:search"``."""
+    value: int | str | None = None
+
+    def contains(self, x: int, y: int) -> bool:
+        return self.x <= x < self.x + self.w and self.y <= y < self.y + self.h
+
+    @property
+    def center(self) -> tuple[int, int]:
+        return self.x + self.w // 2, self.y + self.h // 2
+
+
+class Screen(Protocol):
+    """One app's UI: state lives on the object, data lives in the database."""
+
+    def render(self, conn: sqlite3.Connection, canvas: Canvas) -> list[Hotspot]:
+        """Draw the current state; return the clickable regions, topmost first."""
+        ...
+
+    def click(self, conn: sqlite3.Connection, spot: Hotspot) -> None:
+        """React to a click on ``spot`` (may write to the database)."""
+        ...
+
+    def type_text(self, conn: sqlite3.Connection, text: str) -> None:
+        """Type into the focused field; raise ``AppError`` if none is focused."""
+        ...
+
+    def key(self, conn: sqlite3.Connection, key: str) -> None:
+        """React to a normalised key name from ``KEY_ALIASES``' values."""
+        ...
+
+    def scroll(self, conn: sqlite3.Connection, direction: str, amount: int) -> None:
+        """Scroll the current view by ``amount`` rows (``direction`` is up or down)."""
+        ...
+
+
+def normalise_key(key: str) -> str:
+    """Map a key name to its canonical form or raise an error listing the accepted ones."""
+    canonical = KEY_ALIASES.get(key.strip().lower().replace("-", "_").replace(" ", "_"))
+    if canonical is None:
+        accepted = ", ".join(sorted(set(KEY_ALIASES.values())))
+        raise AppError(f"unknown key {key!r}; accepted keys: {accepted}")
+    return canonical
+
+
+class ComputerSession:
+    """The state machine behind one instance's ``computer`` tool, usable without MCP.
+
+    Tests and the tool itself call :meth:`act`; it serialises actions with a lock because
+    MCPServer runs sync tools on worker threads and two clients may share an instance.
+    """
+
+    def __init__(self, db: DbFactory, screen: Screen) -> None:
+        self._db = db
+        self._screen = screen
+        self._lock = threading.Lock()
+        self._hotspots: list[Hotspot] = []
+
+    def hotspots(self) -> list[Hotspot]:
+        """The clickable regions of the last rendered screen (renders if none yet)."""
+        with self._lock:
+            if not self._hotspots:
+                with self._db() as conn:
+                    self._render(conn)
+            return list(self._hotspots)
+
+    def act(
+        self,
+        action: str,
+        x: int | None = None,
+        y: int | None = None,
+        text: str | None = None,
+        key: str | None = None,
+        direction: str | None = None,
+        amount: int = 3,
+    ) -> bytes:
+        """Apply one action and return the PNG of the resulting screen."""
+        with self._lock, self._db() as conn:
+            if not self._hotspots:
+                self._render(conn)
+            if action == "click":
+                if x is None or y is None:
+                    raise AppError("action 'click' needs both x and y (pixels from top-left)")
+                if not (0 <= x < SCREEN_WIDTH and 0 <= y < SCREEN_HEIGHT):
+                    raise AppError(
+                        f"click at ({x}, {y}) is outside the {SCREEN_WIDTH}x{SCREEN_HEIGHT} "
+                        "screen; take a screenshot and click inside it"
+                    )
+                spot = next((s for s in self._hotspots if s.contains(x, y)), None)
+                if spot is not None:
+                    self._screen.click(conn, spot)
+            elif action == "type":
+                if not text:
+                    raise AppError("action 'type' needs a non-empty 'text'")
+                self._screen.type_text(conn, text)
+            elif action == "key":
+                if not key:
+                    raise AppError("action 'key' needs 'key', e.g. 'Enter' or 'Escape'")
+                self._screen.key(conn, normalise_key(key))
+            elif action == "scroll":
+                if direction not in ("up", "down"):
+                    raise AppError("action 'scroll' needs direction 'up' or 'down'")
+                if amount < 1:
+                    raise AppError(f"scroll amount must be at least 1, got {amount}")
+                self._screen.scroll(conn, direction, amount)
+            elif action != "screenshot":
+                raise AppError(
+                    f"unknown action {action!r}; use screenshot, click, type, key or scroll"
+                )
+            return self._render(conn)
+
+    def _render(self, conn: sqlite3.Connection) -> bytes:
+        canvas = Canvas(SCREEN_WIDTH, SCREEN_HEIGHT)
+        self._hotspots = self._screen.render(conn, canvas)
+        return canvas.to_png()
+
+
+def screenshot_payload(png: bytes) -> str:
+    """Fleet's computer-tool result: JSON text with a ``data:`` URL under ``base64_image``."""
+    encoded = base64.b64encode(png).decode("ascii")
+    return json.dumps({"base64_image": f"data:image/png;base64,{encoded}"})
+
+
+def register_computer_tool(
+    server: MCPServer, db: DbFactory, make_screen: Callable[[], Screen], app_name: str
+) -> ComputerSession:
+    """Add the ``computer`` tool for one instance; return its session (for tests)."""
+    session = ComputerSession(db, make_screen())
+
+    def computer(
+        action: Annotated[
+            Literal["screenshot", "click", "type", "key", "scroll"],
+            Field(description="What to do. Every action returns a screenshot afterwards."),
+        ],
+        x: Annotated[
+            int | None,
+            Field(description="click: pixels from the left edge (0-799).", ge=0),
+        ] = None,
+        y: Annotated[
+            int | None,
+            Field(description="click: pixels from the top edge (0-599).", ge=0),
+        ] = None,
+        text: Annotated[
+            str | None, Field(description="type: text typed into the focused field.")
+        ] = None,
+        key: Annotated[
+            str | None,
+            Field(description="key: Enter, Escape, Backspace, Tab, PageUp, PageDown, Home, End."),
+        ] = None,
+        direction: Annotated[
+            Literal["up", "down"] | None, Field(description="scroll: direction.")
+        ] = None,
+        amount: Annotated[int, Field(description="scroll: rows to move.", ge=1, le=50)] = 3,
+    ) -> str:
+        with tool_errors():
+            png = session.act(action, x, y, text, key, direction, amount)
+        return screenshot_payload(png)
+
+    computer.__doc__ = (
+        f"Operate the {app_name} web UI on an {SCREEN_WIDTH}x{SCREEN_HEIGHT} screen. "
+        "Take a screenshot first, then click buttons, table rows and text fields at pixel "
+        "coordinates, type into the focused field, press keys or scroll. Returns "
+        '{"base64_image": "data:image/png;base64,..."} showing the screen after the action.'
+    )
+    server.add_tool(computer, name="computer", structured_output=False)
+    return session

@@ -1,0 +1,110 @@
+"""Settings of one local Fleet, and the checks that keep it on loopback.
+
+One frozen object carries every knob so the in-process server, the subprocess server and
+the ``fleetenv serve`` command are configured the same way and cannot drift.
+"""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+
+
+class LocalFleetError(RuntimeError):
+    """The local Fleet could not start, stop or answer an inspection request."""
+
+
+@dataclass(frozen=True)
+class LocalFleetConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str = field(default="", repr=False)  # a secret: never in reprs or logs
+    log_level: str = "WARNING"
+    allow_non_loopback: bool = False
+    default_ttl_seconds: int = 3600
+    verifier_timeout: float = 30.0
+    """Upper bound (and default) of one verifier run, whatever the request asks for."""
+    verifier_workers: int = 2
+    instance_limit: int = 1000
+    graceful_shutdown_seconds: float = 2.0
+
+
+def is_loopback_host(host: str) -> bool:
+    """True when ``host`` can only be reached from this machine."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind_host(host: str, allow_non_loopback: bool) -> None:
+    """Refuse to expose the local Fleet (which trusts its callers) beyond loopback by accident."""
+    if is_loopback_host(host) or allow_non_loopback:
+        return
+    raise LocalFleetError(
+        f"refusing to bind the local Fleet to non-loopback host {host!r}: it serves throwaway "
+        "data with a single shared token and runs verifier code it is sent. Bind 127.0.0.1, "
+        "or pass allow_non_loopback=True (CLI: --allow-non-loopback) if you really mean it."
+    )
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind a listening TCP socket with ``proto=IPPROTO_TCP``.
+
+    asyncio only sets TCP_NODELAY on accepted sockets whose listener has
+    ``proto == IPPROTO_TCP``; a plain ``socket.socket()`` leaves Nagle on and every
+    response pays ~40 ms of delayed-ACK latency.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(False)
+    except OSError as exc:
+        sock.close()
+        raise LocalFleetError(
+            f"cannot bind the local Fleet to {host}:{port}: {exc}. "
+            "Pick another --port (0 chooses a free one)."
+        ) from exc
+    return sock
+
+
+def resolve_apps(apps: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """Turn the ``apps=`` argument into a ``{env_key: AppSpec}`` dict.
+
+    ``None`` means the bundled sample apps; a string is ``"package.module:ATTRIBUTE"``
+    (the only form a subprocess server can receive).
+    """
+    if apps is None:
+        try:
+            module = importlib.import_module("fleetenv.local.apps")
+        except ImportError as exc:
+            raise LocalFleetError(
+                f"the bundled sample apps could not be imported ({exc}); pass apps=..."
+            ) from exc
+        found = getattr(module, "APPS", None)
+        if not found:
+            raise LocalFleetError(
+                "fleetenv.local.apps defines no APPS registry yet; pass apps={key: AppSpec}"
+            )
+        return dict(found)
+    if isinstance(apps, str):
+        module_name, _, attr = apps.partition(":")
+        if not module_name or not attr:
+            raise LocalFleetError(f"apps={apps!r} must look like 'package.module:ATTRIBUTE'")
+        try:
+            found = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise LocalFleetError(f"cannot load apps from {apps!r}: {exc}") from exc
+        return dict(found)
+    return dict(apps)

@@ -1,0 +1,193 @@
+"""A small pool of pre-warmed verifier worker processes.
+
+Starting a Python process and importing fleet-python costs ~0.5 s; a verification should
+cost tens of milliseconds. So a few workers are started with the server, each serves
+jobs one at a time, and a worker that times out or dies is killed and replaced in the
+background. The server never waits on verifier code without a deadline.
+
+Workers are plain subprocesses (``python -m fleetenv.local.verifier_worker``), not
+``multiprocessing`` children: spawn-mode multiprocessing re-imports the caller's
+``__main__``, which would start a second local Fleet in scripts without a main guard.
+They run in their own session so a terminal Ctrl-C reaches only the server, which then
+stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+logger = logging.getLogger("fleetenv.local")
+
+STARTUP_TIMEOUT_SECONDS = 60.0
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class _Worker:
+    def __init__(self, pool: WorkerPool) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
+        )
+        env["RUNNER_AUTH_TOKEN"] = "local"  # skips fleet-python's runner-token fetch
+        env.pop("FLEET_VERBOSE", None)
+        self.pool = pool
+        self.replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetenv.local.verifier_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=pool.log_file,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self._reader = threading.Thread(
+            target=self._read, name=f"fleetenv-verifier-reader-{self.proc.pid}", daemon=True
+        )
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _read(self) -> None:
+        stdout: IO[bytes] = self.proc.stdout  # type: ignore[assignment]
+        for line in stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if message.get("type") == "ready":
+                self.pool._idle.put(self)
+            else:
+                self.replies.put(message)
+        stdout.close()
+        self.replies.put(None)
+        self.pool._on_exit(self)
+
+    def send(self, job: dict[str, Any]) -> None:
+        stdin: IO[bytes] = self.proc.stdin  # type: ignore[assignment]
+        stdin.write(json.dumps(job).encode("utf-8") + b"\n")
+        stdin.flush()
+
+    def kill(self) -> None:
+        if self.alive:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            logger.warning("verifier worker %s did not exit after SIGKILL", self.proc.pid)
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):  # already broken: the process is gone
+                self.proc.stdin.close()
+
+    def exit_description(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            return "still running"
+        if code < 0:
+            return f"killed by signal {-code}"
+        return f"exited with code {code}"
+
+
+class WorkerPool:
+    def __init__(self, size: int, log_path: Path) -> None:
+        self.size = max(1, size)
+        self.log_path = log_path
+        self.log_file = open(log_path, "ab")  # noqa: SIM115 - closed in close()
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._workers: set[_Worker] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def start(self) -> None:
+        for _ in range(self.size):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._workers.add(_Worker(self))
+            except OSError:
+                logger.exception("could not start a verifier worker")
+
+    def _on_exit(self, worker: _Worker) -> None:
+        with self._lock:
+            self._workers.discard(worker)
+            replace = not self._closed
+        if replace:
+            self._spawn()
+
+    def run(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Run one job; always returns a result dict, never hangs past the deadlines."""
+        wait_until = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while True:
+            remaining = wait_until - time.monotonic()
+            if self._closed or remaining <= 0:
+                return _failure(
+                    "VerifierUnavailable",
+                    "no verifier worker became ready in time (see the worker log at "
+                    f"{self.log_path}); is fleet-python importable by {sys.executable}?",
+                )
+            try:
+                worker = self._idle.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                continue
+            if worker.alive:
+                break
+        started = time.monotonic()
+        try:
+            worker.send(job)
+            reply = worker.replies.get(timeout=timeout)
+        except queue.Empty:
+            worker.kill()
+            return _failure(
+                "TimeoutError",
+                f"verifier did not finish within its time limit of {timeout:g} s and was "
+                "killed; look for an endless loop or a blocking call, or raise the limit",
+                elapsed=time.monotonic() - started,
+            )
+        except OSError:  # broken pipe: it died as we handed it the job
+            reply = None
+        if reply is None:
+            worker.kill()
+            return _failure(
+                "VerifierCrashed",
+                f"the verifier process {worker.exit_description()} while running the "
+                "verifier (os._exit, a segfault or a killed interpreter); the server "
+                "started a fresh worker",
+                elapsed=time.monotonic() - started,
+            )
+        self._idle.put(worker)
+        return reply
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers = list(self._workers)
+            self._workers.clear()
+        for worker in workers:
+            worker.kill()
+        self.log_file.close()
+
+
+def _failure(kind: str, message: str, elapsed: float = 0.0) -> dict[str, Any]:
+    return {
+        "success": False,
+        "result": None,
+        "stdout": "",
+        "error": {"type": kind, "message": message, "traceback": None},
+        "elapsed_ms": int(elapsed * 1000),
+    }

@@ -1,0 +1,379 @@
+"""Typed tool results and their rendering for LLM messages.
+
+The previous Fleet client turned MCP results into "whatever Python value seemed right":
+``"null"`` became ``None``, numbers became numbers, images were moved after the texts,
+audio was treated as an image, resources vanished and errors were guessed from strings.
+Here a result keeps every content block in order as a small typed value, says whether it
+is an error exactly once (`ToolResult.is_error`, from the protocol's ``isError``), and is
+rendered explicitly: `to_openai_content` for chat messages, `to_text` for plain logs.
+
+Results are plain frozen dataclasses of JSON-able values, so they pickle across process
+pools and round-trip through `to_dict` / `from_dict` for JSONL trajectories.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "DEFAULT_MAX_TEXT_CHARS",
+    "AudioBlock",
+    "ContentBlock",
+    "ImageBlock",
+    "ResourceBlock",
+    "ResourceLinkBlock",
+    "TextBlock",
+    "ToolResult",
+    "block_from_dict",
+]
+
+# Default budget of text characters per rendered result; beyond it text is cut with a marker.
+DEFAULT_MAX_TEXT_CHARS = 100_000
+
+_NULL_SCREENSHOT_NOTE = "[screenshot unavailable: the tool returned a null image]"
+_NO_MESSAGE = "the tool reported an error without a message"
+
+
+def _b64_size(data: str) -> int:
+    """Decoded size of base64 ``data`` without decoding it."""
+    stripped = data.rstrip("=")
+    return len(stripped) * 3 // 4
+
+
+def _data_url(mime_type: str, data: str) -> str:
+    return f"data:{mime_type};base64,{data}"
+
+
+@dataclass(frozen=True)
+class TextBlock:
+    """A text content block, kept byte for byte (``"null"``, ``"0"`` and ``""`` included)."""
+
+    text: str
+    type: Literal["text"] = "text"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "text": self.text}
+
+
+@dataclass(frozen=True)
+class ImageBlock:
+    """An image, base64 ``data`` plus its MIME type."""
+
+    data: str
+    mime_type: str
+    type: Literal["image"] = "image"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "data": self.data, "mime_type": self.mime_type}
+
+    @property
+    def data_url(self) -> str:
+        return _data_url(self.mime_type, self.data)
+
+
+@dataclass(frozen=True)
+class AudioBlock:
+    """An audio clip, base64 ``data`` plus its MIME type (chat models get a note, not sound)."""
+
+    data: str
+    mime_type: str
+    type: Literal["audio"] = "audio"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "data": self.data, "mime_type": self.mime_type}
+
+
+@dataclass(frozen=True)
+class ResourceBlock:
+    """An embedded resource: its ``uri`` and either ``text`` or base64 ``blob``."""
+
+    uri: str
+    mime_type: str | None = None
+    text: str | None = None
+    blob: str | None = None
+    type: Literal["resource"] = "resource"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "uri": self.uri}
+        for key in ("mime_type", "text", "blob"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass(frozen=True)
+class ResourceLinkBlock:
+    """A link to a resource the server can serve (not its contents)."""
+
+    uri: str
+    name: str
+    description: str | None = None
+    mime_type: str | None = None
+    type: Literal["resource_link"] = "resource_link"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "uri": self.uri, "name": self.name}
+        for key in ("description", "mime_type"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+ContentBlock = TextBlock | ImageBlock | AudioBlock | ResourceBlock | ResourceLinkBlock
+
+_BLOCK_TYPES: dict[str, type[Any]] = {
+    "text": TextBlock,
+    "image": ImageBlock,
+    "audio": AudioBlock,
+    "resource": ResourceBlock,
+    "resource_link": ResourceLinkBlock,
+}
+
+
+def block_from_dict(data: dict[str, Any]) -> ContentBlock:
+    """Inverse of ``block.to_dict()``."""
+    kind = data.get("type")
+    cls = _BLOCK_TYPES.get(str(kind))
+    if cls is None:
+        raise ValueError(f"unknown content block type {kind!r}")
+    fields = {key: value for key, value in data.items() if key != "type"}
+    block: ContentBlock = cls(**fields)
+    return block
+
+
+def _from_mcp_block(item: Any) -> ContentBlock:
+    """Convert one ``mcp.types`` content item (duck-typed on its ``type`` tag)."""
+    kind = getattr(item, "type", None)
+    if kind == "text":
+        return TextBlock(item.text)
+    if kind == "image":
+        return ImageBlock(item.data, item.mime_type)
+    if kind == "audio":
+        return AudioBlock(item.data, item.mime_type)
+    if kind == "resource":
+        resource = item.resource
+        return ResourceBlock(
+            uri=str(resource.uri),
+            mime_type=resource.mime_type,
+            text=getattr(resource, "text", None),
+            blob=getattr(resource, "blob", None),
+        )
+    if kind == "resource_link":
+        return ResourceLinkBlock(
+            uri=str(item.uri),
+            name=item.name,
+            description=item.description,
+            mime_type=item.mime_type,
+        )
+    # A content type newer than this code: keep it visible instead of dropping it.
+    return TextBlock(f"[unsupported content block of type {kind!r}]")
+
+
+class _TextBudget:
+    """Cuts text once a per-result character budget is spent, with a visible marker."""
+
+    def __init__(self, max_chars: int | None) -> None:
+        self.remaining = max_chars
+
+    def take(self, text: str) -> str:
+        if self.remaining is None:
+            return text
+        if len(text) <= self.remaining:
+            self.remaining -= len(text)
+            return text
+        kept = text[: self.remaining]
+        self.remaining = 0
+        marker = f"[... truncated {len(text) - len(kept)} chars ...]"
+        return f"{kept}\n{marker}" if kept else marker
+
+
+def _fleet_screenshot(text: str) -> tuple[bool, Any]:
+    """Recognise Fleet's screenshot convention: a JSON object text with a ``base64_image`` key.
+
+    Returns ``(True, parsed_object)`` for such texts, ``(False, None)`` for anything else.
+    """
+    if "base64_image" not in text or not text.lstrip().startswith("{"):
+        return False, None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return False, None
+    if isinstance(parsed, dict) and "base64_image" in parsed:
+        return True, parsed
+    return False, None
+
+
+def _screenshot_url(value: str) -> str:
+    if value.startswith("data:"):
+        return value
+    return _data_url("image/png", value)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """The outcome of one tool call.
+
+    ``content`` holds the blocks in the order the tool returned them; ``structured`` is the
+    tool's structured output (or ``None``); ``is_error`` is the protocol's error flag and
+    ``error_message`` its text (``None`` when not an error). Nothing else decides whether
+    a call failed.
+    """
+
+    content: tuple[ContentBlock, ...] = ()
+    structured: Any = None
+    is_error: bool = False
+    error_message: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_mcp(cls, result: Any) -> ToolResult:
+        """Build from an ``mcp.types.CallToolResult``."""
+        content = tuple(_from_mcp_block(item) for item in result.content or ())
+        is_error = bool(result.is_error)
+        error_message = None
+        if is_error:
+            texts = [block.text for block in content if isinstance(block, TextBlock)]
+            error_message = "\n".join(text for text in texts if text) or _NO_MESSAGE
+        meta = dict(result.meta) if getattr(result, "meta", None) else {}
+        return cls(
+            content=content,
+            structured=result.structured_content,
+            is_error=is_error,
+            error_message=error_message,
+            meta=meta,
+        )
+
+    @classmethod
+    def error(cls, message: str) -> ToolResult:
+        """An error result made by fleetenv itself (e.g. a protocol error the server sent)."""
+        return cls(content=(TextBlock(message),), is_error=True, error_message=message)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ToolResult:
+        """Inverse of `to_dict`."""
+        return cls(
+            content=tuple(block_from_dict(block) for block in data.get("content", ())),
+            structured=data.get("structured"),
+            is_error=bool(data.get("is_error", False)),
+            error_message=data.get("error_message"),
+            meta=dict(data.get("meta") or {}),
+        )
+
+    # ------------------------------------------------------------------ views
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (for JSONL trajectories)."""
+        out: dict[str, Any] = {
+            "content": [block.to_dict() for block in self.content],
+            "is_error": self.is_error,
+        }
+        if self.structured is not None:
+            out["structured"] = self.structured
+        if self.error_message is not None:
+            out["error_message"] = self.error_message
+        if self.meta:
+            out["meta"] = self.meta
+        return out
+
+    @property
+    def texts(self) -> list[str]:
+        """The text blocks' texts, in order."""
+        return [block.text for block in self.content if isinstance(block, TextBlock)]
+
+    @property
+    def full_text(self) -> str:
+        """The whole result as text, never truncated (for context tools and logs)."""
+        return self.to_text(max_text_chars=None)
+
+    def to_text(self, max_text_chars: int | None = None) -> str:
+        """Render as plain text; non-text blocks become short bracketed notes."""
+        budget = _TextBudget(max_text_chars)
+        parts = [self._block_text(block, budget) for block in self.content]
+        if not self.content and self.structured is not None:
+            parts.append(budget.take(json.dumps(self.structured, ensure_ascii=False)))
+        return "\n".join(parts)
+
+    def to_openai_content(
+        self, max_text_chars: int | None = DEFAULT_MAX_TEXT_CHARS
+    ) -> list[dict[str, Any]]:
+        """Render as OpenAI chat content parts (``text`` and ``image_url``), in block order.
+
+        Images become ``data:`` URLs. Fleet's ``{"base64_image": ...}`` screenshot texts
+        become images too (a null image becomes a text note, other keys stay as text).
+        Audio and binary resources become text notes. Text beyond ``max_text_chars`` (a
+        budget for the whole result) is cut with a ``[... truncated N chars ...]`` marker;
+        `full_text` keeps everything.
+        """
+        budget = _TextBudget(max_text_chars)
+        parts: list[dict[str, Any]] = []
+        for block in self.content:
+            parts.extend(self._block_parts(block, budget))
+        if not self.content:
+            if self.structured is not None:
+                text = json.dumps(self.structured, ensure_ascii=False)
+            elif self.is_error:
+                text = self.error_message or _NO_MESSAGE
+            else:
+                text = ""
+            parts.append(_text_part(budget.take(text)))
+        return parts
+
+    # ------------------------------------------------------------------ rendering helpers
+
+    @staticmethod
+    def _block_parts(block: ContentBlock, budget: _TextBudget) -> list[dict[str, Any]]:
+        if isinstance(block, TextBlock):
+            is_screenshot, parsed = _fleet_screenshot(block.text)
+            if not is_screenshot:
+                return [_text_part(budget.take(block.text))]
+            parts: list[dict[str, Any]] = []
+            image = parsed.pop("base64_image")
+            if parsed:  # other keys (e.g. a status message) stay visible
+                parts.append(_text_part(budget.take(json.dumps(parsed, ensure_ascii=False))))
+            if isinstance(image, str) and image:
+                parts.append(_image_part(_screenshot_url(image)))
+            else:
+                parts.append(_text_part(_NULL_SCREENSHOT_NOTE))
+            return parts
+        if isinstance(block, ImageBlock):
+            return [_image_part(block.data_url)]
+        if isinstance(block, ResourceBlock) and block.blob is not None and _is_image(block):
+            assert block.mime_type is not None
+            return [_image_part(_data_url(block.mime_type, block.blob))]
+        return [_text_part(ToolResult._block_text(block, budget))]
+
+    @staticmethod
+    def _block_text(block: ContentBlock, budget: _TextBudget) -> str:
+        if isinstance(block, TextBlock):
+            return budget.take(block.text)
+        if isinstance(block, ImageBlock):
+            return f"[image: {block.mime_type}, {_b64_size(block.data)} bytes]"
+        if isinstance(block, AudioBlock):
+            return f"[audio: {block.mime_type}, {_b64_size(block.data)} bytes, not shown]"
+        if isinstance(block, ResourceBlock):
+            mime = f" ({block.mime_type})" if block.mime_type else ""
+            if block.text is not None:
+                return f"[resource {block.uri}{mime}]\n{budget.take(block.text)}"
+            size = _b64_size(block.blob or "")
+            return f"[resource {block.uri}{mime}: {size} bytes of binary data, not shown]"
+        mime = f" ({block.mime_type})" if block.mime_type else ""
+        description = f": {block.description}" if block.description else ""
+        return f"[resource link {block.name} <{block.uri}>{mime}{description}]"
+
+
+def _is_image(block: ResourceBlock) -> bool:
+    return (block.mime_type or "").startswith("image/")
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _image_part(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}

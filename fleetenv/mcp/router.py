@@ -1,0 +1,289 @@
+"""`ToolRouter`: the tools of one episode, gathered from its MCP endpoints, and call routing.
+
+An episode talks to one to three endpoints (see `endpoints_for`). The router opens one
+`MCPConnection` per endpoint, lists them all, and gives each tool name to the FIRST
+endpoint (in the given order) that lists it. A required endpoint that fails is an error
+that names it: the previous client silently continued with a shorter tool list, which
+once dropped the ``computer`` tool from whole training runs. An optional endpoint that is
+simply not there (HTTP 404/405) is skipped; any other failure of it is an error too.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import difflib
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleetenv import runtime
+from fleetenv.core.errors import ConfigurationError, ConnectError, FleetEnvError, ToolNotFoundError
+from fleetenv.mcp.connection import MCPConnection
+from fleetenv.mcp.results import ToolResult
+from fleetenv.mcp.tools import Tool
+
+if TYPE_CHECKING:
+    import anyio
+
+__all__ = ["MODALITIES", "Endpoint", "ToolRouter", "endpoints_for"]
+
+MODALITIES = ("tool_use", "computer_use", "browser_use")
+
+_BACKSTOP_S = 10.0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One MCP endpoint of an episode. ``headers`` (auth) are never shown in reprs."""
+
+    url: str
+    required: bool = True
+    headers: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
+
+
+def endpoints_for(
+    root: str,
+    modality: str,
+    browser_mcp_url: str | None = None,
+    *,
+    headers: Mapping[str, str] | None = None,
+) -> list[Endpoint]:
+    """The endpoints an episode of ``modality`` uses on an instance whose base URL is ``root``.
+
+    ``tool_use``: ``{root}mcp`` (required), then ``{root}api/v1/mcp`` (optional: only some
+    images serve it). ``computer_use``: ``{root}api/v1/mcp``. ``browser_use``: the browser
+    lease's MCP URL, which must be given.
+    """
+    base = root if root.endswith("/") else root + "/"
+    if modality == "tool_use":
+        return [
+            Endpoint(f"{base}mcp", required=True, headers=headers),
+            Endpoint(f"{base}api/v1/mcp", required=False, headers=headers),
+        ]
+    if modality == "computer_use":
+        return [Endpoint(f"{base}api/v1/mcp", required=True, headers=headers)]
+    if modality == "browser_use":
+        if not browser_mcp_url:
+            raise ConfigurationError(
+                "browser_use needs the browser lease's MCP URL",
+                hint="pass browser_mcp_url",
+            )
+        return [Endpoint(browser_mcp_url, required=True, headers=headers)]
+    raise ConfigurationError(
+        f"unknown modality {modality!r}", hint=f"use one of {', '.join(MODALITIES)}"
+    )
+
+
+def _is_absent(error: Exception) -> bool:
+    return isinstance(error, ConnectError) and error.context.get("http_status") in {"404", "405"}
+
+
+class ToolRouter:
+    """Routes tool calls by name to the endpoint that owns the tool.
+
+    Blocking methods may be called from any thread but the fleetenv loop; ``a``-prefixed
+    coroutines are for code on the loop. Opens on first use; `close` closes every
+    connection (also on context-manager exit).
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        *,
+        connect_timeout: float = 10.0,
+        call_timeout: float = 60.0,
+    ) -> None:
+        if not endpoints:
+            raise ConfigurationError("a ToolRouter needs at least one endpoint")
+        self.endpoints = tuple(endpoints)
+        self.connect_timeout = connect_timeout
+        self.call_timeout = call_timeout
+        self._connections: dict[str, MCPConnection] = {
+            endpoint.url: MCPConnection(
+                endpoint.url,
+                headers=endpoint.headers,
+                connect_timeout=connect_timeout,
+                call_timeout=call_timeout,
+            )
+            for endpoint in self.endpoints
+        }
+        self._tools: list[Tool] | None = None
+        self._owners: dict[str, MCPConnection] = {}
+        self._skipped: list[str] = []
+        self._lock: anyio.Lock | None = None
+
+    def __repr__(self) -> str:
+        urls = ", ".join(endpoint.url for endpoint in self.endpoints)
+        return f"ToolRouter([{urls}])"
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def tools(self) -> list[Tool]:
+        """Every routable tool, in endpoint order (available after `open`)."""
+        if self._tools is None:
+            raise FleetEnvError(
+                "the tool router is not open yet", hint="call open() (or list_tools()) first"
+            )
+        return list(self._tools)
+
+    @property
+    def skipped_endpoints(self) -> list[str]:
+        """Optional endpoints that turned out not to exist (HTTP 404/405)."""
+        return list(self._skipped)
+
+    def openai_tools(self) -> list[dict[str, Any]]:
+        """`tools` in OpenAI function format."""
+        return [tool.openai() for tool in self.tools]
+
+    def endpoint_of(self, name: str) -> str:
+        """The URL of the endpoint that serves tool ``name``."""
+        return self._owner(name).url
+
+    # ------------------------------------------------------------------ blocking API
+
+    def open(self) -> ToolRouter:
+        """Open every endpoint and build the routing table."""
+        bound = self.connect_timeout * 3 + self.call_timeout + _BACKSTOP_S
+        runtime.call(self.aopen, timeout=bound, name="open tool router")
+        return self
+
+    def list_tools(self) -> list[Tool]:
+        """Open if needed, then return `tools`."""
+        self.open()
+        return self.tools
+
+    def call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> ToolResult:
+        """Call tool ``name`` on the endpoint that owns it."""
+        per_call = self.call_timeout if timeout is None else timeout
+        bound = self.connect_timeout * 5 + per_call * 2 + _BACKSTOP_S
+        return runtime.call(
+            functools.partial(self.acall, name, arguments, timeout=timeout, meta=meta),
+            timeout=bound,
+            name=f"call {name}",
+        )
+
+    def call_future(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> concurrent.futures.Future[ToolResult]:
+        """Start a call and return its future at once."""
+        return runtime.submit(
+            functools.partial(self.acall, name, arguments, timeout=timeout, meta=meta),
+            name=f"call {name}",
+        )
+
+    def close(self) -> None:
+        """Close every connection. Idempotent."""
+        for connection in self._connections.values():
+            connection.close()
+
+    def __enter__(self) -> ToolRouter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ coroutine API
+
+    async def aopen(self) -> None:
+        """Coroutine twin of `open`: endpoints are opened concurrently."""
+        import anyio
+
+        if self._tools is not None:
+            return
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            if self._tools is not None:
+                return
+            outcomes: dict[str, Exception | None] = {}
+
+            async def open_one(connection: MCPConnection) -> None:
+                try:
+                    await connection.aopen()
+                    outcomes[connection.url] = None
+                except Exception as exc:  # judged below, per endpoint
+                    outcomes[connection.url] = exc
+
+            async with anyio.create_task_group() as group:
+                for connection in self._connections.values():
+                    group.start_soon(open_one, connection)
+            try:
+                self._route(outcomes)
+            except Exception:
+                await self.aclose()
+                raise
+
+    async def alist_tools(self) -> list[Tool]:
+        """Coroutine twin of `list_tools`."""
+        await self.aopen()
+        return self.tools
+
+    async def acall(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> ToolResult:
+        """Coroutine twin of `call`."""
+        await self.aopen()
+        return await self._owner(name).acall_tool(name, arguments, timeout=timeout, meta=meta)
+
+    async def aclose(self) -> None:
+        """Coroutine twin of `close`."""
+        import anyio
+
+        async with anyio.create_task_group() as group:
+            for connection in self._connections.values():
+                group.start_soon(connection.aclose)
+
+    # ------------------------------------------------------------------ internals
+
+    def _route(self, outcomes: Mapping[str, Exception | None]) -> None:
+        tools: list[Tool] = []
+        owners: dict[str, MCPConnection] = {}
+        skipped: list[str] = []
+        for endpoint in self.endpoints:
+            error = outcomes.get(endpoint.url)
+            if error is not None:
+                if not endpoint.required and _is_absent(error):
+                    skipped.append(endpoint.url)
+                    continue
+                raise error
+            connection = self._connections[endpoint.url]
+            assert connection._tools is not None  # set by a successful open
+            for tool in connection._tools:
+                if tool.name not in owners:  # the first endpoint listing a name owns it
+                    owners[tool.name] = connection
+                    tools.append(tool)
+        self._owners, self._skipped, self._tools = owners, skipped, tools
+
+    def _owner(self, name: str) -> MCPConnection:
+        connection = self._owners.get(name)
+        if connection is not None:
+            return connection
+        names = sorted(self._owners)
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        if close:
+            hint = "did you mean " + " or ".join(repr(match) for match in close) + "?"
+        elif names:
+            shown = ", ".join(names[:20]) + (" ..." if len(names) > 20 else "")
+            hint = f"available tools: {shown}"
+        else:
+            hint = "no endpoint of this episode lists any tool"
+        raise ToolNotFoundError(f"no tool named {name!r}", tool=name, hint=hint)

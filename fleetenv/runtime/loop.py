@@ -1,0 +1,466 @@
+"""The one background event loop of the process.
+
+Every piece of async work in fleetenv (MCP sessions, their HTTP pool) lives on a single
+daemon thread named ``fleetenv-loop``, started lazily through anyio's blocking portal.
+Blocking callers hand coroutines to it (`call`, `submit`); callers that run their own
+asyncio loop await it (`call_async`). There is never a loop per call or per thread, so
+loop-bound objects (httpx2 clients, MCP sessions) are created, used and closed on the
+same loop, and Ctrl-C in a caller cancels the loop-side work instead of orphaning it.
+
+Lifecycle rules, each one learned the hard way (see the research notes):
+
+* The context manager returned by ``start_blocking_portal`` is kept alive: if it were
+  garbage-collected its finalizer would stop the portal.
+* Interpreter exit runs the registered shutdown hooks (in the main thread, while the
+  loop still runs: they close sessions, delete instances), then stops the loop.
+* After ``os.fork()`` the loop thread does not exist in the child. The child gets a fresh
+  loop on first use; the parent's portal is parked, never dropped (dropping it would run
+  its finalizer against a loop nobody runs and deadlock the child). Objects created in
+  the parent remember the runtime *generation* they were made in and refuse use in the
+  child through `check_generation`.
+* Blocking work never runs on the loop thread: the blocking entry points refuse to run
+  there (`LoopThreadError`) because they would wait for themselves forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, LoopThreadError
+from fleetenv.runtime.groups import unwrap_group
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from anyio.abc import TaskGroup
+    from anyio.from_thread import BlockingPortal
+
+__all__ = [
+    "LOOP_THREAD_NAME",
+    "add_shutdown_hook",
+    "call",
+    "call_async",
+    "check_generation",
+    "generation",
+    "in_loop_thread",
+    "remove_shutdown_hook",
+    "shutdown",
+    "start_service",
+    "submit",
+]
+
+T = TypeVar("T")
+
+LOOP_THREAD_NAME = "fleetenv-loop"
+
+# How often a blocked caller wakes up to let Python deliver a pending KeyboardInterrupt.
+# An untimed wait is only interrupted by a real SIGINT, not by `_thread.interrupt_main()`
+# (which is how IPython and test harnesses interrupt), so waits are sliced.
+_WAIT_SLICE_S = 0.1
+# After cancelling loop-side work, how long a caller waits for it to finish unwinding
+# before re-raising (so "Ctrl-C leaves nothing running" holds in the common case).
+_CANCEL_GRACE_S = 2.0
+# Extra time the caller-side watchdog grants beyond an in-loop deadline: the in-loop
+# deadline is the real one; the watchdog only catches a wedged loop.
+_WATCHDOG_GRACE_S = 5.0
+# Upper bound for stopping the loop thread.
+_STOP_TIMEOUT_S = 10.0
+
+logger = logging.getLogger("fleetenv.runtime")
+
+
+@dataclass
+class _Loop:
+    """One running loop thread and what is needed to stop it."""
+
+    portal: BlockingPortal
+    cm: AbstractContextManager[BlockingPortal]  # kept alive on purpose, see module docstring
+    thread: threading.Thread
+    services: TaskGroup
+    generation: int
+
+
+_lock = threading.Lock()
+_state: _Loop | None = None
+_generation = 0
+_exiting = False
+_hooks: list[Callable[[], None]] = []
+_hooks_lock = threading.Lock()
+# Portals of earlier generations after a fork: referenced forever so their finalizers never
+# run in a process where their loop thread does not exist.
+_abandoned: list[object] = []
+
+
+# ---------------------------------------------------------------------------- start / state
+
+
+def _current() -> _Loop:
+    state = _state
+    if state is not None:
+        return state
+    with _lock:
+        if _state is None:
+            if _exiting:
+                raise FleetEnvError(
+                    "the fleetenv runtime has shut down because the interpreter is exiting",
+                    hint="do not start fleetenv work from atexit handlers or finalizers",
+                )
+            _start()
+        assert _state is not None
+        return _state
+
+
+def _start() -> None:
+    """Start the loop thread. Caller holds ``_lock``."""
+    global _state
+    from anyio.from_thread import start_blocking_portal
+
+    cm = start_blocking_portal(name=LOOP_THREAD_NAME)
+    portal = cm.__enter__()
+    try:
+        thread = portal.call(threading.current_thread)
+        _, services = portal.start_task(_run_services, name="fleetenv-services")
+    except Exception:
+        cm.__exit__(None, None, None)
+        raise
+    _state = _Loop(
+        portal=portal, cm=cm, thread=thread, services=services, generation=_generation
+    )
+
+
+async def _run_services(*, task_status: Any) -> None:
+    """Host long-lived tasks (session owners) in one task group that lives with the loop."""
+    import anyio
+
+    async with anyio.create_task_group() as group:
+        task_status.started(group)
+        await anyio.sleep_forever()
+
+
+def generation() -> int:
+    """Identity of the current runtime; changes after `shutdown()` and in a forked child.
+
+    Objects bound to the loop record it when they start using the loop and pass it to
+    `check_generation` before each use.
+    """
+    return _generation
+
+
+def check_generation(created_in: int, what: str) -> None:
+    """Refuse to use a loop-bound object from an earlier runtime (fork child or after shutdown)."""
+    if created_in != _generation:
+        raise FleetEnvError(
+            f"{what} belongs to a fleetenv runtime that no longer exists in this process "
+            "(it was opened before os.fork() or before fleetenv.runtime.shutdown())",
+            hint="open a new one in this process; objects cannot cross fork()",
+        )
+
+
+def in_loop_thread() -> bool:
+    """True when called on the ``fleetenv-loop`` thread itself."""
+    state = _state
+    return state is not None and threading.get_ident() == state.thread.ident
+
+
+def _refuse_loop_thread(what: str) -> None:
+    if in_loop_thread():
+        raise LoopThreadError(
+            f"{what} was called on the {LOOP_THREAD_NAME} thread, where it would wait for itself"
+        )
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+async def _run_job(
+    fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    timeout: float | None,
+    finished: threading.Event | None,
+) -> T:
+    """Await ``fn(*args)`` on the loop, under ``timeout``, and signal when it has unwound."""
+    import anyio
+
+    try:
+        if timeout is None:
+            return await fn(*args)
+        with anyio.move_on_after(timeout):
+            return await fn(*args)
+        raise DeadlineExceeded(
+            f"{_name_of(fn)} did not finish within {timeout:g} s",
+            hint="raise the timeout, or check that the remote side is responsive",
+        )
+    finally:
+        if finished is not None:
+            finished.set()
+
+
+def submit(
+    async_fn: Callable[..., Awaitable[T]], *args: Any, name: str | None = None
+) -> concurrent.futures.Future[T]:
+    """Schedule ``async_fn(*args)`` on the loop and return its future at once.
+
+    ``future.cancel()`` cancels the loop-side task. Exceptions arrive unchanged (a
+    single-leaf exception group is NOT unwrapped here; `call` does that).
+    """
+    _refuse_loop_thread("fleetenv.runtime.submit()")
+    return _current().portal.start_task_soon(async_fn, *args, name=name or _name_of(async_fn))
+
+
+def call(
+    async_fn: Callable[..., Awaitable[T]],
+    *args: Any,
+    timeout: float | None = None,
+    name: str | None = None,
+) -> T:
+    """Run ``async_fn(*args)`` on the loop and block until it is done.
+
+    ``timeout`` is enforced inside the loop (the task is cancelled, then
+    `DeadlineExceeded` is raised). If the caller is interrupted (Ctrl-C or any other
+    exception while waiting) the loop-side task is cancelled and given a moment to
+    unwind before the exception propagates. A single-leaf exception group is unwrapped
+    to its leaf.
+    """
+    _refuse_loop_thread("fleetenv.runtime.call()")
+    finished = threading.Event()
+    future = _current().portal.start_task_soon(
+        _run_job, async_fn, args, timeout, finished, name=name or _name_of(async_fn)
+    )
+    watchdog = None if timeout is None else timeout + _WATCHDOG_GRACE_S
+    return _wait(future, finished, watchdog, name or _name_of(async_fn))
+
+
+def _wait(
+    future: concurrent.futures.Future[T],
+    finished: threading.Event,
+    watchdog: float | None,
+    what: str,
+) -> T:
+    deadline = None if watchdog is None else time.monotonic() + watchdog
+    try:
+        while True:
+            slice_s = _WAIT_SLICE_S
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeadlineExceeded(
+                        f"{what} did not finish within {watchdog:g} s and the fleetenv loop "
+                        "did not stop it",
+                        hint="the loop thread may be blocked by non-async code; report a bug",
+                    )
+                slice_s = min(slice_s, remaining)
+            done, _ = concurrent.futures.wait((future,), timeout=slice_s)
+            if done:
+                break
+    except BaseException:
+        # Interrupted (KeyboardInterrupt, watchdog, ...): cancel the loop-side task and
+        # let it unwind, so nothing keeps running behind the caller's back. Re-raised.
+        future.cancel()
+        finished.wait(_CANCEL_GRACE_S)
+        raise
+    error = future.exception()  # raises CancelledError if someone cancelled the future
+    if error is None:
+        return future.result()
+    raise unwrap_group(error)
+
+
+async def call_async(
+    async_fn: Callable[..., Awaitable[T]],
+    *args: Any,
+    timeout: float | None = None,
+    name: str | None = None,
+) -> T:
+    """Await ``async_fn(*args)`` on the fleetenv loop from ANOTHER asyncio loop.
+
+    For async trainers and notebooks: the caller's loop stays free while the work runs on
+    the fleetenv loop. Cancelling the awaiting task cancels the loop-side task. Called
+    from a coroutine already on the fleetenv loop, it simply awaits the function.
+    """
+    if in_loop_thread():
+        return await _run_job(async_fn, args, timeout, None)
+    future = _current().portal.start_task_soon(
+        _run_job, async_fn, args, timeout, None, name=name or _name_of(async_fn)
+    )
+    try:
+        # wrap_future cancels `future` (and so the loop-side task) if this task is cancelled.
+        return await asyncio.wrap_future(future)
+    except BaseExceptionGroup as group:
+        leaf = unwrap_group(group)
+        if leaf is group:
+            raise
+        leaf.__suppress_context__ = True
+        raise leaf  # noqa: B904 - the leaf is the real error; the group is noise
+
+
+async def start_service(
+    fn: Callable[..., Awaitable[None]], *args: Any, name: str | None = None
+) -> Any:
+    """Start a long-lived task on the loop and return what it passed to ``task_status.started``.
+
+    Must be awaited on the loop. The task outlives the caller (it lives in the runtime's
+    service task group until it returns or the loop stops), which is what an MCP session
+    owner needs: it enters and exits its contexts in one task. Failures before
+    ``started()`` propagate to the caller; failures after it are logged and contained, so
+    one broken session never cancels its siblings.
+    """
+    if not in_loop_thread():
+        raise LoopThreadError(
+            "start_service() must be awaited on the fleetenv loop",
+            hint="use fleetenv.runtime.call(...) to get onto the loop",
+        )
+    label = name or _name_of(fn)
+    return await _current().services.start(_contained, fn, args, label, name=label)
+
+
+class _StartedFlag:
+    """A ``task_status`` stand-in that remembers whether ``started()`` was called."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.started_called = False
+
+    def started(self, value: Any = None) -> None:
+        self.started_called = True
+        self._inner.started(value)
+
+
+async def _contained(
+    fn: Callable[..., Awaitable[None]], args: tuple[Any, ...], label: str, *, task_status: Any
+) -> None:
+    status = _StartedFlag(task_status)
+    try:
+        await fn(*args, task_status=status)
+    except Exception:
+        if not status.started_called:
+            raise
+        logger.warning("fleetenv background task %s failed", label, exc_info=True)
+
+
+# ---------------------------------------------------------------------------- shutdown
+
+
+def add_shutdown_hook(fn: Callable[[], None]) -> None:
+    """Run ``fn()`` at interpreter exit (and in `shutdown`), before the loop stops.
+
+    Hooks run in the thread that shuts down (the main thread at exit), newest first, so
+    they may use the blocking API (`call`). Adding the same function twice is a no-op.
+    Hooks persist across `shutdown()` and fork; a hook must only act on objects of the
+    current process and runtime (see `generation`) and must be idempotent. Exceptions
+    are logged, never propagated.
+    """
+    with _hooks_lock:
+        if fn not in _hooks:
+            _hooks.append(fn)
+
+
+def remove_shutdown_hook(fn: Callable[[], None]) -> None:
+    """Forget a hook added with `add_shutdown_hook` (no error if it is not registered)."""
+    with _hooks_lock:
+        if fn in _hooks:
+            _hooks.remove(fn)
+
+
+def _run_hooks() -> None:
+    with _hooks_lock:
+        hooks = list(reversed(_hooks))
+    for hook in hooks:
+        try:
+            hook()
+        except Exception as exc:
+            logger.warning("fleetenv shutdown hook %s failed: %s", _name_of(hook), exc)
+
+
+def shutdown() -> None:
+    """Run the shutdown hooks, then stop the loop thread. Idempotent.
+
+    Loop-bound objects made before the call refuse further use; the next fleetenv call
+    starts a fresh loop (except at interpreter exit).
+    """
+    global _state, _generation
+    _refuse_loop_thread("fleetenv.runtime.shutdown()")
+    _run_hooks()
+    with _lock:
+        state, _state = _state, None
+        if state is not None:
+            _generation += 1
+    if state is not None:
+        _stop(state)
+
+
+def _stop(state: _Loop) -> None:
+    """Cancel what is still running on the loop and join its thread, within a bound."""
+    try:
+        state.portal.start_task_soon(state.portal.stop, True).result(timeout=_STOP_TIMEOUT_S)
+    except Exception as exc:  # the loop is wedged or already gone: park it, never block exit
+        logger.warning("fleetenv loop did not stop cleanly: %s", exc)
+        _abandoned.append(state)
+        return
+    state.thread.join(_STOP_TIMEOUT_S)
+    if state.thread.is_alive():
+        logger.warning("fleetenv loop thread did not exit within %s s", _STOP_TIMEOUT_S)
+        _abandoned.append(state)
+        return
+    state.cm.__exit__(None, None, None)  # portal already stopped: this only joins the thread
+
+
+def _shutdown_at_exit() -> None:
+    global _exiting, _state, _generation
+    try:
+        _run_hooks()
+    finally:
+        with _lock:
+            _exiting = True
+            state, _state = _state, None
+            if state is not None:
+                _generation += 1
+        if state is not None:
+            _stop(state)
+
+
+atexit.register(_shutdown_at_exit)
+
+
+# ---------------------------------------------------------------------------- fork
+
+
+def _before_fork() -> None:
+    _lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _lock.release()
+
+
+def _after_fork_in_child() -> None:
+    global _lock, _hooks_lock, _state, _generation
+    # The forking thread held _lock; a fresh lock is simpler than reasoning about owners.
+    _lock = threading.Lock()
+    _hooks_lock = threading.Lock()
+    if _state is not None:
+        _abandoned.append(_state)
+        _state = None
+    _generation += 1
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)

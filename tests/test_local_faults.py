@@ -1,0 +1,159 @@
+"""HTTP-level, provisioning and lifetime faults of fleetenv.local (tool, session and verifier
+faults are tested next to their subjects in test_local_mcp.py / test_local_verifier.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import fleet
+import fleet.exceptions
+import httpx
+import pytest
+from _support.fixtures_local import TEST_APPS
+
+from fleetenv.local import LocalFleet, LocalFleetError
+
+pytestmark = pytest.mark.timeout(20)
+
+
+@pytest.fixture
+def env(notes_client: Any) -> Any:
+    instance = notes_client.make("notes")
+    yield instance
+    instance.close()
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(pause)  # polling with backoff and a deadline
+        pause = min(pause * 2, 0.2)
+
+
+def test_http_error_on_manager_and_control_routes(
+    notes_faults: Any, notes_client: Any, env: Any
+) -> None:
+    notes_faults.add("http_error", route="*/api/v1/env/reset", status=502, times=1)
+    failed = httpx.post(f"{env.manager_url}/reset", json={}, timeout=5)
+    assert failed.status_code == 502 and "injected" in failed.json()["detail"]
+    assert httpx.post(f"{env.manager_url}/reset", json={}, timeout=5).status_code == 200
+
+    notes_faults.add("http_error", instance=env.instance_id, method="GET", status=500, times=2)
+    for _ in range(2):
+        with pytest.raises(fleet.FleetAPIError) as error:
+            notes_client.instance(env.instance_id)
+        assert error.value.status_code == 500
+    assert notes_client.instance(env.instance_id).status == "running"
+    assert notes_faults.list() == []  # count-limited faults remove themselves
+
+
+def test_http_delay(notes_faults: Any, env: Any) -> None:
+    notes_faults.add("http_delay", route="*/api/v1/env/resources", seconds=0.5, times=1)
+    started = time.monotonic()
+    assert httpx.get(f"{env.manager_url}/resources", timeout=5).status_code == 200
+    assert time.monotonic() - started >= 0.5
+
+
+def test_http_hang_until_cleared(notes_faults: Any, env: Any) -> None:
+    fault_id = notes_faults.add("http_hang", route="*/api/v1/env/health")
+    results: list[int] = []
+    worker = threading.Thread(target=lambda: results.append(
+        httpx.get(f"{env.manager_url}/health", timeout=10).status_code))
+    worker.start()
+    worker.join(0.5)
+    assert worker.is_alive() and results == []  # still held
+    assert notes_faults.clear(fault_id) == 1
+    worker.join(5)
+    assert results == [200]
+
+
+def test_hang_never_blocks_shutdown() -> None:
+    local = LocalFleet(apps=TEST_APPS, verifier_workers=1).start()
+    outcome: list[Any] = []
+    try:
+        env = local.client().make("notes")
+        local.faults.add("http_hang", route="*/api/v1/env/health")
+
+        def call() -> None:
+            try:
+                outcome.append(httpx.get(f"{env.manager_url}/health", timeout=10).status_code)
+            except httpx.HTTPError as exc:
+                outcome.append(type(exc).__name__)
+
+        worker = threading.Thread(target=call)
+        worker.start()
+        worker.join(0.3)
+    finally:
+        started = time.monotonic()
+        local.stop()
+        stop_seconds = time.monotonic() - started
+    worker.join(5)
+    assert stop_seconds < 3
+    assert outcome and outcome[0] != 200  # dropped, not answered
+
+
+def test_drop_connection(notes_faults: Any, env: Any) -> None:
+    notes_faults.add("drop_connection", route="*/api/v1/env/resources", times=1)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{env.manager_url}/resources", timeout=5)
+    assert httpx.get(f"{env.manager_url}/resources", timeout=5).status_code == 200
+
+
+def test_transient_and_permanent_create_failures(notes_faults: Any, notes_client: Any) -> None:
+    notes_faults.add("create_error", status=503, times=2)
+    for _ in range(2):
+        with pytest.raises(fleet.FleetAPIError) as error:
+            notes_client.make("notes")
+        assert error.value.status_code == 503
+    notes_client.make("notes").close()
+
+    notes_faults.add("create_error", status=429, times=1)
+    with pytest.raises(fleet.FleetRateLimitError):
+        notes_client.make("notes")
+
+    notes_faults.add("create_failed", message="image pull failed", times=1)
+    broken = notes_client.make("notes")
+    assert broken.status == "error"
+    assert notes_client.instance(broken.instance_id).status == "error"
+    gone = httpx.get(f"{broken.manager_url}/health", timeout=5)
+    assert gone.status_code == 410 and "image pull failed" in gone.json()["detail"]
+
+
+def test_expire_now(notes_fleet: LocalFleet, notes_client: Any, env: Any) -> None:
+    expired = notes_fleet.faults.expire(env.instance_id)
+    assert expired["status"] == "stopped" and expired["stop_reason"].startswith("expired")
+    assert notes_client.instance(env.instance_id).status == "stopped"
+    assert httpx.post(f"{env.manager_url}/reset", json={}, timeout=5).status_code == 410
+    with pytest.raises(fleet.exceptions.FleetBadRequestError):
+        env.heartbeat()
+
+
+def test_ttl_expiry(notes_fleet: LocalFleet, notes_client: Any) -> None:
+    env = notes_client.make("notes", ttl_seconds=1)
+    assert env.status == "running"
+    started = time.monotonic()
+    stopped = wait_for(lambda: [i for i in notes_fleet.instances(status="stopped")
+                                if i["instance_id"] == env.instance_id])
+    assert 0.9 <= time.monotonic() - started < 3
+    assert stopped[0]["stop_reason"] == "expired (ttl_seconds=1)"
+    assert httpx.get(f"{env.manager_url}/resources", timeout=5).status_code == 410
+
+
+def test_fault_specs_are_validated(notes_faults: Any) -> None:
+    with pytest.raises(LocalFleetError, match="unknown fault kind"):
+        notes_faults.add("meteor_strike")
+    with pytest.raises(LocalFleetError, match="does not take"):
+        notes_faults.add("create_error", tool="add_note")
+    with pytest.raises(LocalFleetError, match="seconds"):
+        notes_faults.add("tool_delay", tool="add_note")
+    with pytest.raises(LocalFleetError, match="status"):
+        notes_faults.add("http_error", status=200)
+    fault_id = notes_faults.add("http_delay", route="/nowhere", seconds=1)
+    assert [f["id"] for f in notes_faults.list()] == [fault_id]

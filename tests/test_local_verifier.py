@@ -1,0 +1,136 @@
+"""Verifier execution: worker processes, time limits, crashes, and the faults for them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import time
+import zipfile
+from typing import Any
+
+import cloudpickle
+import httpx
+import pytest
+
+from fleetenv.local import LocalFleet
+
+pytestmark = pytest.mark.timeout(20)
+
+COUNTS_NOTES = '''
+def count_notes(env, final_answer=None):
+    env.instance.load()
+    rows = env.db("current").query("SELECT COUNT(*) FROM notes").rows
+    print("answer:", final_answer)
+    return {"score": 1.0 if rows[0][0] == 2 else 0.0, "answer": final_answer}
+'''
+LOOPS_FOREVER = "def spin(env):\n    while True:\n        pass\n"
+EXITS = "import os\n\ndef leave(env):\n    os._exit(3)\n"
+SEGFAULTS = "import ctypes\n\ndef crash(env):\n    ctypes.string_at(0)\n"
+
+
+def bundle_for(code: str) -> tuple[bytes, str]:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("verifier.py", code)
+        archive.writestr("requirements.txt", "fleet-python\n")
+    return buffer.getvalue(), hashlib.sha256(buffer.getvalue()).hexdigest()
+
+
+def execute(fleet: LocalFleet, instance_id: str, code: str, *args: Any,
+            timeout: float = 30, **kwargs: Any) -> dict[str, Any]:
+    """POST /v1/verifiers/execute exactly as fleet-python builds it."""
+    bundle, sha = bundle_for(code)
+    marker = {"env": instance_id}
+    pickled = cloudpickle.dumps({"args": (None, *args, marker), "kwargs": kwargs})
+    body = {
+        "key": "test-verifier",
+        "sha256": sha,
+        "args": base64.b64encode(pickled).decode(),
+        "args_array": [*args, marker],
+        "function_name": code.split("def ", 1)[1].split("(", 1)[0],
+        "timeout": timeout,
+        "bundle": base64.b64encode(bundle).decode(),
+    }
+    response = httpx.post(f"{fleet.base_url}/v1/verifiers/execute", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {fleet.token}"})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.fixture
+def instance_id(notes_client: Any) -> Any:
+    env = notes_client.make("notes")
+    yield env.instance_id
+    env.close()
+
+
+def test_kwargs_positional_args_and_stdout(notes_fleet: LocalFleet, instance_id: str) -> None:
+    by_kwarg = execute(notes_fleet, instance_id, COUNTS_NOTES, final_answer="42")
+    assert by_kwarg["success"] is True, by_kwarg["error"]
+    assert by_kwarg["result"] == {"score": 1.0, "answer": "42"}
+    assert by_kwarg["stdout"] == "answer: 42\n"
+    positional = execute(notes_fleet, instance_id, COUNTS_NOTES, "7")
+    assert positional["result"]["answer"] == "7"
+    assert positional["execution_id"].startswith("exec-") and positional["key"] == "test-verifier"
+
+
+def test_bundle_cache_and_check(notes_fleet: LocalFleet, instance_id: str) -> None:
+    headers = {"Authorization": f"Bearer {notes_fleet.token}"}
+    url = notes_fleet.base_url + "/v1/verifiers"
+    _, sha = bundle_for(COUNTS_NOTES + "\n# cache test\n")
+    assert httpx.get(f"{url}/check", params={"sha256": sha}, headers=headers,
+                     timeout=5).json()["success"] is False
+    body = {"sha256": sha, "args_array": [{"env": instance_id}], "key": "k",
+            "function_name": "count_notes"}
+    missing = httpx.post(f"{url}/execute", json=body, headers=headers, timeout=5)
+    assert missing.status_code == 404 and "not found" in missing.json()["detail"]
+    execute(notes_fleet, instance_id, COUNTS_NOTES + "\n# cache test\n")
+    assert httpx.get(f"{url}/check", params={"sha256": sha}, headers=headers,
+                     timeout=5).json()["success"] is True
+    cached = httpx.post(f"{url}/execute", json=body, headers=headers, timeout=30).json()
+    assert cached["success"] is True and cached["bundle_cache_hit"] is True
+
+
+@pytest.mark.parametrize("code, kind", [(EXITS, "VerifierCrashed"),
+                                        (SEGFAULTS, "VerifierCrashed"),
+                                        (LOOPS_FOREVER, "TimeoutError")],
+                         ids=["os_exit", "segfault", "endless_loop"])
+def test_runaway_verifiers_are_contained(
+    notes_fleet: LocalFleet, instance_id: str, code: str, kind: str
+) -> None:
+    started = time.monotonic()
+    outcome = execute(notes_fleet, instance_id, code, timeout=1)
+    elapsed = time.monotonic() - started
+    assert outcome["success"] is False
+    assert outcome["error"]["type"] == kind, outcome["error"]
+    assert elapsed < 4
+    # the server keeps serving, and a replacement worker runs the next verifier
+    assert execute(notes_fleet, instance_id, COUNTS_NOTES)["success"] is True
+
+
+def test_verifier_faults(notes_fleet: LocalFleet, notes_faults: Any, instance_id: str) -> None:
+    notes_faults.add("verifier_crash", instance=instance_id, times=1)
+    crashed = execute(notes_fleet, instance_id, COUNTS_NOTES)
+    assert crashed["error"]["type"] == "VerifierCrashed"
+    notes_faults.add("verifier_hang", key="test-verifier", times=1)
+    started = time.monotonic()
+    hung = execute(notes_fleet, instance_id, COUNTS_NOTES, timeout=1)
+    assert hung["error"]["type"] == "TimeoutError" and time.monotonic() - started < 4
+    assert execute(notes_fleet, instance_id, COUNTS_NOTES)["success"] is True
+
+
+def test_sdk_timeout_is_capped_by_the_server_limit() -> None:
+    from _support.fixtures_local import TEST_APPS
+
+    with LocalFleet(apps=TEST_APPS, verifier_timeout=1.0, verifier_workers=1) as local:
+        client = local.client()
+        env = client.make("notes")
+        task = client.load_task_from_json(
+            {"key": "spin", "prompt": "p", "env_id": "notes", "verifier_func": LOOPS_FOREVER}
+        )
+        started = time.monotonic()
+        response = task.verify_detailed(env)  # fleet-python always asks for 30 s
+        assert response.success is False and response.error["type"] == "TimeoutError"
+        assert time.monotonic() - started < 5
+        env.close()

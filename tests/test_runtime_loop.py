@@ -1,0 +1,231 @@
+"""The one background loop: entry points, deadlines, interrupts, shutdown, fork."""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+import concurrent.futures
+import os
+import threading
+import time
+
+import anyio
+import pytest
+
+from fleetenv import runtime
+from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, LoopThreadError
+
+pytestmark = pytest.mark.timeout(20)
+
+
+async def double(x: int) -> int:
+    await anyio.sleep(0)
+    return x * 2
+
+
+async def task_names() -> set[str]:
+    return {task.get_name() for task in asyncio.all_tasks()}
+
+
+async def fail_in_group() -> None:
+    async with anyio.create_task_group() as group:
+
+        async def boom() -> None:
+            raise ValueError("the leaf")
+
+        group.start_soon(boom)
+
+
+def wait_until(predicate, deadline_s: float = 5.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    delay = 0.005
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def test_call_submit_and_the_thread() -> None:
+    assert runtime.call(double, 21) == 42
+    assert runtime.submit(double, 4).result(timeout=5) == 8
+
+    async def where() -> tuple[str, bool]:
+        return threading.current_thread().name, runtime.in_loop_thread()
+
+    assert runtime.call(where) == (runtime.LOOP_THREAD_NAME, True)
+    assert not runtime.in_loop_thread()
+    loops = {runtime.call(asyncio_loop_id) for _ in range(3)}
+    assert len(loops) == 1, "every call runs on the same loop"
+
+
+async def asyncio_loop_id() -> int:
+    return id(asyncio.get_running_loop())
+
+
+def test_blocking_api_refuses_the_loop_thread() -> None:
+    async def nested() -> None:
+        runtime.call(double, 1)
+
+    with pytest.raises(LoopThreadError, match="fleetenv-loop"):
+        runtime.call(nested)
+
+
+def test_single_leaf_groups_are_unwrapped() -> None:
+    with pytest.raises(ValueError, match="the leaf"):
+        runtime.call(fail_in_group)
+
+
+def test_timeout_cancels_the_loop_side_task() -> None:
+    cancelled = threading.Event()
+
+    async def slow() -> None:
+        try:
+            await anyio.sleep(10)
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
+
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match="slow"):
+        runtime.call(slow, timeout=0.2, name="slow")
+    assert time.monotonic() - started < 2
+    assert cancelled.wait(2)
+    assert "slow" not in runtime.call(task_names)
+
+
+def test_ctrl_c_cancels_the_loop_side_task() -> None:
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        runtime.call(anyio.sleep, 10, name="interrupted-sleep")
+    assert time.monotonic() - started < 3
+    assert "interrupted-sleep" not in runtime.call(task_names)
+
+
+def test_future_cancel_cancels_the_task() -> None:
+    future = runtime.submit(anyio.sleep, 10, name="cancel-me")
+    wait_until(lambda: "cancel-me" in runtime.call(task_names))
+    assert future.cancel()
+    wait_until(lambda: "cancel-me" not in runtime.call(task_names))
+
+
+def test_call_from_a_thread_that_runs_its_own_asyncio_loop() -> None:
+    """The Jupyter case: blocking API inside a running loop, and call_async."""
+
+    async def user_code() -> tuple[int, int]:
+        blocking = runtime.call(double, 5)  # blocks this loop; no nested-loop error
+        awaited = await runtime.call_async(double, 7)
+        return blocking, awaited
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        assert pool.submit(asyncio.run, user_code()).result(timeout=10) == (10, 14)
+    assert asyncio.run(user_code()) == (10, 14)
+
+
+def test_call_async_timeout_and_cancellation() -> None:
+    async def main() -> None:
+        with pytest.raises(DeadlineExceeded):
+            await runtime.call_async(anyio.sleep, 5, timeout=0.1)
+        with pytest.raises(ValueError, match="the leaf"):
+            await runtime.call_async(fail_in_group)
+        task = asyncio.ensure_future(runtime.call_async(anyio.sleep, 10, name="awaited-sleep"))
+        await asyncio.sleep(0.1)
+        assert "awaited-sleep" in runtime.call(task_names)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    wait_until(lambda: "awaited-sleep" not in runtime.call(task_names))
+
+
+def test_start_service_contains_late_failures() -> None:
+    async def service(*, task_status) -> None:
+        task_status.started("ready")
+        await anyio.sleep(0.01)
+        raise RuntimeError("late failure")
+
+    async def early(*, task_status) -> None:
+        raise KeyError("early failure")
+
+    async def start_both() -> str:
+        value = await runtime.start_service(service, name="late")
+        with pytest.raises(KeyError):
+            await runtime.start_service(early)
+        return value
+
+    assert runtime.call(start_both) == "ready"
+    time.sleep(0.05)  # let the late failure happen; the loop must survive it
+    assert runtime.call(double, 2) == 4
+    with pytest.raises(LoopThreadError, match="must be awaited on the fleetenv loop"):
+        asyncio.run(runtime.start_service(service))  # another loop: refused
+
+
+def test_shutdown_runs_hooks_first_then_restarts_lazily() -> None:
+    seen: list[str] = []
+
+    def first() -> None:
+        seen.append("first")
+
+    def second() -> None:
+        # hooks run before the loop stops, so they can still use it
+        seen.append(f"second:{runtime.call(double, 1)}")
+
+    runtime.add_shutdown_hook(first)
+    runtime.add_shutdown_hook(second)
+    runtime.add_shutdown_hook(second)  # a no-op
+    try:
+        runtime.call(double, 1)
+        before = runtime.generation()
+        runtime.shutdown()
+        assert seen == ["second:2", "first"]
+        assert runtime.generation() == before + 1
+        assert not any(t.name == runtime.LOOP_THREAD_NAME for t in threading.enumerate())
+        runtime.shutdown()  # idempotent
+        with pytest.raises(FleetEnvError, match="no longer exists"):
+            runtime.check_generation(before, "a session")
+        assert runtime.call(double, 3) == 6  # a fresh loop
+    finally:
+        runtime.remove_shutdown_hook(first)
+        runtime.remove_shutdown_hook(second)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_gets_a_fresh_loop() -> None:
+    assert runtime.call(double, 1) == 2
+    parent_generation = runtime.generation()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report through the pipe, never return into pytest
+        code = 1
+        try:
+            refused = False
+            try:
+                runtime.check_generation(parent_generation, "parent object")
+            except FleetEnvError:
+                refused = True
+            ok = refused and runtime.call(double, 21) == 42 and not runtime.in_loop_thread()
+            code = 0 if ok else 2
+        finally:
+            os.write(write_fd, str(code).encode())
+            os._exit(code)
+    os.close(write_fd)
+    status = wait_child(pid)
+    report = os.read(read_fd, 16)
+    os.close(read_fd)
+    assert status == 0 and report == b"0"
+    assert runtime.call(double, 2) == 4  # the parent is unaffected
+
+
+def wait_child(pid: int, deadline_s: float = 15.0) -> int:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("forked child hung")
+        time.sleep(0.02)
