@@ -46,7 +46,7 @@ def test_skyrl_seed_pattern_end_to_end(local_fleet: LocalFleet) -> None:
         await env.close_async()
         return reward, info
 
-    reward, info = asyncio.run(rollout())
+    reward, _ = asyncio.run(rollout())
     assert reward == 1.0 == env.final_reward
     assert env._done and env.verifier_stdout and env.last_verifier_execution_id
     assert env.tool_errors_list == []

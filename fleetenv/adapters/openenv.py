@@ -126,11 +126,11 @@ class FleetTaskEnv:
     # ------------------------------------------------------------------ episode
 
     def reset(self) -> dict[str, Any]:
-        observation, info = self._env.reset()
+        observation, _ = self._env.reset()
         return self._reset_obs(observation)
 
     async def reset_async(self) -> dict[str, Any]:
-        observation, info = await self._env.reset_async()
+        observation, _ = await self._env.reset_async()
         return self._reset_obs(observation)
 
     def step(self, action: Mapping[str, Any]) -> tuple[dict[str, Any], float | None, bool,

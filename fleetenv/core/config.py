@@ -104,6 +104,10 @@ class FleetConfig(BaseModel):
     episode_deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     #: One remote verifier run.
     verifier_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
+    #: Tag put on every instance created with this config (fleet-python's ``run_id``), so
+    #: a runner can list and sweep what its workers created, even in other processes.
+    #: ``None``: a tag per process.
+    run_tag: str | None = Field(None, min_length=1, max_length=100)
 
     @model_validator(mode="before")
     @classmethod

@@ -148,6 +148,7 @@ class FleetEnv:
         self._tools: list[Tool] = []
         self._openai_tools: list[dict[str, Any]] = []
         self._closed = False
+        self._last_instance_id: str | None = None
         self._ref = RolloutRef(task_key=self.task.key, env_key=self.task.env_spec)
         self._new_episode_state()
         self._episode_active = False
@@ -176,6 +177,16 @@ class FleetEnv:
     @property
     def instance_id(self) -> str | None:
         return self._instance.instance_id if self._instance else None
+
+    @property
+    def last_instance_id(self) -> str | None:
+        """The id of the most recent instance, kept after ``close()`` deleted it."""
+        return self._last_instance_id
+
+    @property
+    def final_answer(self) -> str | None:
+        """The answer submitted in this episode (``submit_final_answer``), if any."""
+        return self._final_answer
 
     @property
     def root_url(self) -> str | None:
@@ -362,6 +373,7 @@ class FleetEnv:
             env_key=task.env_key, env_version=task.env_version, data_key=task.data_key,
             data_version=task.data_version, env_variables=dict(task.env_variables or {}),
             modality=task.modality, ttl_seconds=self.ttl_seconds, task_key=task.key,
+            run_tag=self.config.run_tag,
         )
 
         def listener(kind: str, details: dict[str, Any]) -> None:
@@ -379,6 +391,7 @@ class FleetEnv:
         with self._lock:
             closed = self._closed
             self._instance = instance
+        self._last_instance_id = instance.instance_id
         self._ref = self._ref.with_instance(instance.instance_id)
         self._emit(InstanceProvisioned, seconds=instance.provision_seconds,
                    attempts=instance.attempts)

@@ -50,6 +50,8 @@ class ProvisionRequest:
     modality: str = "tool_use"
     ttl_seconds: int | None = None
     task_key: str | None = None
+    run_tag: str | None = None
+    """fleet-python's ``run_id`` for the instance; ``None``: this process's ``RUN_ID``."""
 
     @property
     def env_spec(self) -> str:
@@ -176,7 +178,7 @@ class Provisioner:
             env_variables=request.env_variables or None,
             image_type=IMAGE_TYPES.get(request.modality),
             ttl_seconds=ttl,
-            run_id=RUN_ID,
+            run_id=request.run_tag or RUN_ID,
             timeout=deadline.cap(900.0),
         )
         instance = Instance(
@@ -246,6 +248,21 @@ class Provisioner:
             if instance.holds_live_slot:
                 instance.holds_live_slot = False
                 limits.LIVE.release()
+
+    def sweep_tag(self, run_tag: str) -> list[str]:
+        """Delete every running instance tagged ``run_tag`` (a runner's cleanup after a
+        cancelled run: it also reaches instances created by worker processes)."""
+        swept: list[str] = []
+        for env in self.client.sdk.instances(status="running", run_id=run_tag):
+            try:
+                self.client.sdk.delete(env.instance_id)
+            except Exception as exc:
+                if not _already_gone(exc):
+                    logger.warning("sweep could not delete %s: %s", env.instance_id, exc)
+                    continue
+            REGISTRY.discard(env.instance_id)
+            swept.append(env.instance_id)
+        return swept
 
     def sweep(self) -> list[str]:
         """Delete every running instance tagged with this process's run id.

@@ -456,14 +456,17 @@ _dependencies_loaded = False
 def _import_dependencies() -> None:
     global _dependencies_loaded
     import httpx2  # noqa: F401
+    import jsonschema.validators  # noqa: F401 - mcp imports it lazily to check tool output
     import mcp.client.streamable_http
     import mcp.types  # noqa: F401
+    import referencing.exceptions  # noqa: F401 - likewise
 
     _dependencies_loaded = True
 
 
 async def _load_dependencies() -> None:
-    """Import mcp and httpx2 (about half a second) in a worker thread, never on the loop."""
+    """Import mcp, httpx2 and what mcp imports lazily (about half a second of CPU) in a
+    worker thread: an import on the loop thread would stall every other session."""
     import anyio
 
     if not _dependencies_loaded:

@@ -43,6 +43,7 @@ UiStep = tuple[Any, ...]
 H, S = "helpdesk", "shop"
 
 # The parts of every verifier around its task-specific body (indented into the ``try``).
+# Bodies are emitted verbatim, so bodies with lines over 100 columns carry ``noqa: E501``.
 HEADER = '''def validate_task(env: Environment, final_answer: str | None = None) -> int:
     """__DOC__"""
     env.instance.load()
@@ -269,10 +270,11 @@ def main() -> None:
 
 
 def _helpdesk_tasks(g: _Generator) -> None:
-
+    """Add the helpdesk tasks, in the order they appear in tasks.json."""
     daniel = g.q1(H, "SELECT id, name, email FROM agents WHERE name = 'Daniel Kim'")
-    tid, subject = g.q(H, "SELECT id, subject FROM tickets WHERE status = 'open' AND priority = 'normal'"
-                     " AND assignee_id IS NULL AND subject LIKE 'API returns%' ORDER BY id")[0]
+    tid, subject = g.q(H, "SELECT id, subject FROM tickets WHERE status = 'open' AND priority = "
+                          "'normal' AND assignee_id IS NULL AND subject LIKE 'API returns%' "
+                          "ORDER BY id")[0]
     g.task(
         "helpdesk-assign-api-ticket", H,
         f"""Ticket #{tid} ("{subject}") is unassigned. Assign it to the technical lead
@@ -289,13 +291,14 @@ def _helpdesk_tasks(g: _Generator) -> None:
              "no_other_changes": True},
         ])
         success_accumulator.append("ticket __TID__ assigned to agent __AGENT__ with priority high")
-        """,
+        """,  # noqa: E501
         [call("get_ticket", ticket_id=tid), call("list_agents", team="technical"),
          call("update_ticket", ticket_id=tid, assignee_email=daniel[2], priority="high")],
         TID=tid, AGENT=daniel[0],
     )
 
-    cust = g.q1(H, "SELECT id, name, email FROM customers WHERE email = 'leo.nguyen@granitelegal.com'")
+    cust = g.q1(H, "SELECT id, name, email FROM customers "
+                   "WHERE email = 'leo.nguyen@granitelegal.com'")
     sofia = g.q1(H, "SELECT id, name, email FROM agents WHERE name = 'Sofia Marquez'")
     new_subject = "Payroll export fails with error 504"
     g.task(
@@ -326,16 +329,18 @@ def _helpdesk_tasks(g: _Generator) -> None:
                              "fields": [("id", link["id"]), ("ticket_id", ticket["id"]), ("tag_id", ...)]})
         seed.diff(current, IgnoreConfig(table_fields={"tickets": {"created_at", "updated_at"}})).expect_exactly(expected)
         success_accumulator.append(f"ticket {ticket['id']} created as requested")
-        """,
+        """,  # noqa: E501
         [call("find_customers", query=cust[1]),
          call("create_ticket", customer_email=cust[2], subject=new_subject,
-              description="Every payroll export since this morning fails with a 504 gateway timeout.",
+              description="Every payroll export since this morning fails with a 504 gateway "
+                          "timeout.",
               priority="urgent", channel="phone", tags=["bug", "data-export"],
               assignee_email=sofia[2])],
         SUBJECT=new_subject, CUSTOMER=cust[0], AGENT=sofia[0],
     )
 
-    (unassigned,) = g.q1(H, "SELECT COUNT(*) FROM tickets WHERE status = 'open' AND assignee_id IS NULL")
+    (unassigned,) = g.q1(H, "SELECT COUNT(*) FROM tickets WHERE status = 'open' "
+                            "AND assignee_id IS NULL")
     g.task(
         "helpdesk-count-unassigned-open", H,
         """How many tickets are in status "open" (not pending) and have no assignee? Do not change
@@ -346,15 +351,15 @@ def _helpdesk_tasks(g: _Generator) -> None:
         assert contains_number(final_answer, __COUNT__), f"answer {final_answer!r} does not contain __COUNT__"
         assert len(numbers) <= 2, f"answer {final_answer!r} lists too many numbers"
         success_accumulator.append("correct count __COUNT__")
-        """,
+        """,  # noqa: E501
         [call("search_tickets", status="open", unassigned=True, limit=1), submit(str(unassigned))],
         COUNT=unassigned,
         answer="a number", unchanged=True,
     )
 
-    busiest = g.q(H, """SELECT a.email, COUNT(t.id) FROM agents a JOIN tickets t ON t.assignee_id = a.id
-                   WHERE t.status IN ('open', 'pending') AND a.active = 1 GROUP BY a.id
-                   ORDER BY 2 DESC""")
+    busiest = g.q(H, """SELECT a.email, COUNT(t.id) FROM agents a JOIN tickets t
+                     ON t.assignee_id = a.id WHERE t.status IN ('open', 'pending')
+                     AND a.active = 1 GROUP BY a.id ORDER BY 2 DESC""")
     assert busiest[0][1] > busiest[1][1]
     g.task(
         "helpdesk-busiest-agent", H,
@@ -367,7 +372,7 @@ def _helpdesk_tasks(g: _Generator) -> None:
         named = [e for e in others if normalized_contains(e, final_answer)]
         assert not named, f"answer also names other agents: {named}"
         success_accumulator.append("busiest agent identified")
-        """,
+        """,  # noqa: E501
         [call("list_agents"), submit(busiest[0][0])],
         EMAIL=busiest[0][0],
         answer="an email address", unchanged=True,
@@ -405,7 +410,7 @@ def _helpdesk_tasks(g: _Generator) -> None:
                                         ("body", ...), ("internal", 0)]})
         seed.diff(current, IgnoreConfig(table_fields=__IGNORE__)).expect_exactly(expected)
         success_accumulator.append("pending tickets answered and resolved")
-        """,
+        """,  # noqa: E501
         [call("search_tickets", customer_email=zoe[2], status="pending")]
         + [c for t in zoe_pending for c in (
             call("add_comment", ticket_id=t, body=reply, author_email=alex[2]),
@@ -435,14 +440,14 @@ def _helpdesk_tasks(g: _Generator) -> None:
              "fields": [("id", links[0]["id"]), ("ticket_id", __TID__), ("tag_id", __TAG__)]},
         ])
         success_accumulator.append("tag replaced")
-        """,
+        """,  # noqa: E501
         [call("get_ticket", ticket_id=bug_tid),
          call("set_tags", ticket_id=bug_tid, add=["feature-request"], remove=["bug"])],
         TID=bug_tid, TAG=fr_tag, LINK=bug_link,
     )
 
-    who = g.q1(H, "SELECT c.email, c.company FROM tickets t JOIN customers c ON c.id = t.customer_id "
-                "WHERE t.id = 1225")
+    who = g.q1(H, "SELECT c.email, c.company FROM tickets t JOIN customers c "
+                  "ON c.id = t.customer_id WHERE t.id = 1225")
     g.task(
         "helpdesk-who-filed-ticket", H,
         """Who filed ticket #1225? Submit the customer's email address and the name of their
@@ -452,7 +457,7 @@ def _helpdesk_tasks(g: _Generator) -> None:
         assert normalized_contains(__EMAIL__, final_answer), f"answer {final_answer!r} lacks the email"
         assert normalized_contains(__COMPANY__, final_answer), f"answer {final_answer!r} lacks the company"
         success_accumulator.append("customer identified")
-        """,
+        """,  # noqa: E501
         [call("get_ticket", ticket_id=1225), submit(f"{who[0]} ({who[1]})")],
         EMAIL=who[0], COMPANY=who[1],
         answer="an email and a company", unchanged=True,
@@ -490,7 +495,7 @@ def _helpdesk_tasks(g: _Generator) -> None:
                                         ("body", ...), ("internal", 1)]})
         seed.diff(current, IgnoreConfig(table_fields=__IGNORE__)).expect_exactly(expected)
         success_accumulator.append("tickets reassigned with internal notes")
-        """,
+        """,  # noqa: E501
         [call("search_tickets", assignee_email=aisha[2], status="open"),
          call("search_tickets", assignee_email=aisha[2], status="pending")]
         + [c for t in aisha_open for c in (
@@ -532,8 +537,8 @@ def _helpdesk_tasks(g: _Generator) -> None:
         IGNORE={"tickets": {"updated_at"}, "comments": {"created_at"}},
     )
 
-    ui_tid = g.q(H, "SELECT id FROM tickets WHERE status = 'open' AND subject LIKE 'Export to CSV%' "
-                  "ORDER BY id")[0][0]
+    ui_tid = g.q(H, "SELECT id FROM tickets WHERE status = 'open' "
+                    "AND subject LIKE 'Export to CSV%' ORDER BY id")[0][0]
     ui_reply = "We have fixed the export; please try again."
     g.task(
         "helpdesk-ui-reply-and-resolve", H,
@@ -566,8 +571,7 @@ def _helpdesk_tasks(g: _Generator) -> None:
     )
 
     (company_total,) = g.q1(H, "SELECT COUNT(*) FROM tickets t JOIN customers c ON c.id = "
-                             "t.customer_id WHERE c.company = 'Redwood Clinics'")
-    (company_people,) = g.q1(H, "SELECT COUNT(*) FROM customers WHERE company = 'Redwood Clinics'")
+                               "t.customer_id WHERE c.company = 'Redwood Clinics'")
     g.task(
         "helpdesk-company-ticket-total", H,
         """How many tickets in total (any status) have been filed by people who work at Redwood
@@ -577,7 +581,7 @@ def _helpdesk_tasks(g: _Generator) -> None:
         assert contains_number(final_answer, __COUNT__), f"answer {final_answer!r} does not contain __COUNT__"
         assert len(extract_numbers(final_answer)) <= 2, f"answer {final_answer!r} lists too many numbers"
         success_accumulator.append("correct total __COUNT__")
-        """,
+        """,  # noqa: E501
         [call("find_customers", query="Redwood Clinics", limit=50), submit(str(company_total))],
         COUNT=company_total,
         answer="a number", unchanged=True,
@@ -586,6 +590,7 @@ def _helpdesk_tasks(g: _Generator) -> None:
 
 
 def _shop_tasks(g: _Generator) -> None:
+    """Add the shop tasks, in the order they appear in tasks.json."""
     refund_oid, refund_total = g.q(S, """SELECT o.id, o.total_cents FROM orders o WHERE o.status =
         'delivered' AND (SELECT COUNT(*) FROM order_items WHERE order_id = o.id) = 2 AND NOT EXISTS
         (SELECT 1 FROM refunds WHERE order_id = o.id) ORDER BY o.id""")[0]
@@ -610,17 +615,18 @@ def _shop_tasks(g: _Generator) -> None:
                              "resulting_fields": [("on_hand", on_hand)], "no_other_changes": True})
         seed.diff(current, IgnoreConfig(table_fields=__IGNORE__)).expect_exactly(expected)
         success_accumulator.append("order refunded and restocked")
-        """,
+        """,  # noqa: E501
         [call("get_order", order_id=refund_oid),
          call("refund_order", order_id=refund_oid, reason="customer_request", restock=True)],
         OID=refund_oid, TOTAL=refund_total, STOCK=restock, IGNORE=SHOP_TS,
     )
 
-    buyer = g.q(S, "SELECT id, name, email FROM customers WHERE loyalty_tier = 'gold' ORDER BY id")[0]
+    buyer = g.q(S, "SELECT id, name, email FROM customers WHERE loyalty_tier = 'gold' "
+                   "ORDER BY id")[0]
     mat = g.q1(S, "SELECT id, sku, price_cents FROM products WHERE name = 'Yoga Mat'")
     roller = g.q1(S, "SELECT id, sku, price_cents FROM products WHERE name = 'Foam Roller'")
-    (coupon_id, coupon_pct, coupon_used) = g.q1(S, "SELECT id, percent_off, times_used FROM coupons "
-                                                 "WHERE code = 'SUMMER5'")
+    (coupon_id, coupon_pct, coupon_used) = g.q1(S, "SELECT id, percent_off, times_used "
+                                                   "FROM coupons WHERE code = 'SUMMER5'")
     subtotal = 2 * mat[2] + roller[2]
     discount, shipping, total = order_amounts(subtotal, coupon_pct, "standard")
     g.task(
@@ -654,7 +660,7 @@ def _shop_tasks(g: _Generator) -> None:
                          "resulting_fields": [("times_used", __USED__)], "no_other_changes": True})
         seed.diff(current, IgnoreConfig(table_fields=__IGNORE__)).expect_exactly(expected)
         success_accumulator.append(f"order {order['id']} placed correctly")
-        """,
+        """,  # noqa: E501
         [call("find_customers", query=buyer[2]),
          call("search_products", query="Yoga Mat"), call("search_products", query="Foam Roller"),
          call("place_order", customer_email=buyer[2],
@@ -677,7 +683,7 @@ def _shop_tasks(g: _Generator) -> None:
         assert contains_number(final_answer, __COUNT__), f"answer {final_answer!r} does not contain __COUNT__"
         assert len(extract_numbers(final_answer)) <= 2, f"answer {final_answer!r} lists too many numbers"
         success_accumulator.append("correct count __COUNT__")
-        """,
+        """,  # noqa: E501
         [call("list_orders", status="shipped", limit=1), submit(str(shipped))],
         COUNT=shipped,
         answer="a number", unchanged=True,
@@ -685,8 +691,8 @@ def _shop_tasks(g: _Generator) -> None:
 
     summary = g.q(S, """SELECT c.email, COUNT(*), MAX(o.total_cents) FROM orders o JOIN customers c
         ON c.id = o.customer_id GROUP BY c.id HAVING COUNT(*) >= 4 ORDER BY c.id""")[0]
-    (top_order,) = g.q1(S, "SELECT o.id FROM orders o JOIN customers c ON c.id = o.customer_id WHERE "
-                         "c.email = ? AND o.total_cents = ?", [summary[0], summary[2]])
+    (top_order,) = g.q1(S, "SELECT o.id FROM orders o JOIN customers c ON c.id = o.customer_id "
+                           "WHERE c.email = ? AND o.total_cents = ?", [summary[0], summary[2]])
     g.task(
         "shop-customer-order-summary", S,
         f"""For the customer with email {summary[0]}: how many orders have they placed (any status),
@@ -698,7 +704,7 @@ def _shop_tasks(g: _Generator) -> None:
         assert contains_number(final_answer, __ORDER__), f"answer {final_answer!r} lacks order __ORDER__"
         assert len(extract_numbers(final_answer)) <= 4, f"answer {final_answer!r} lists too many numbers"
         success_accumulator.append("order summary correct")
-        """,
+        """,  # noqa: E501
         [call("list_orders", customer_email=summary[0], sort="total_desc"),
          submit(f"{summary[1]} orders; the most expensive is order #{top_order}")],
         COUNT=summary[1], ORDER=top_order,
@@ -725,8 +731,8 @@ def _shop_tasks(g: _Generator) -> None:
     )
 
     cancel_oid = g.q(S, "SELECT id FROM orders WHERE status = 'paid' ORDER BY placed_at, id")[0][0]
-    cancel_customer = g.q1(S, "SELECT c.name FROM orders o JOIN customers c ON c.id = o.customer_id "
-                            "WHERE o.id = ?", [cancel_oid])[0]
+    cancel_customer = g.q1(S, "SELECT c.name FROM orders o JOIN customers c "
+                              "ON c.id = o.customer_id WHERE o.id = ?", [cancel_oid])[0]
     g.task(
         "shop-cancel-paid-order", S,
         f"""{cancel_customer} asked us to cancel order #{cancel_oid} before it ships. Cancel it
@@ -769,8 +775,9 @@ def _shop_tasks(g: _Generator) -> None:
         IGNORE={"inventory": {"updated_at"}},
     )
 
-    low = [r[0] for r in g.q(S, "SELECT p.sku FROM products p JOIN inventory v ON v.product_id = p.id "
-                              "WHERE p.active = 1 AND v.on_hand < v.reorder_level ORDER BY p.sku")]
+    low = [r[0] for r in g.q(S, "SELECT p.sku FROM products p JOIN inventory v "
+                                "ON v.product_id = p.id WHERE p.active = 1 "
+                                "AND v.on_hand < v.reorder_level ORDER BY p.sku")]
     g.task(
         "shop-low-stock-report", S,
         """List the SKUs of all active (not discontinued) products whose on-hand stock is below
@@ -807,7 +814,7 @@ def _shop_tasks(g: _Generator) -> None:
                         ("reason", "damaged"), ("restocked", 0), ("note", ...)]},
         ])
         success_accumulator.append("partial refund recorded")
-        """,
+        """,  # noqa: E501
         [call("get_order", order_id=p_oid),
          call("refund_order", order_id=p_oid, reason="damaged", amount_cents=p_price,
               note=f"Damaged {p_product}")],
@@ -837,12 +844,13 @@ def _shop_tasks(g: _Generator) -> None:
                              "resulting_fields": [("on_hand", on_hand)], "no_other_changes": True})
         seed.diff(current, IgnoreConfig(table_fields=__IGNORE__)).expect_exactly(expected)
         success_accumulator.append("order refunded and restocked in the UI")
-        """,
+        """,  # noqa: E501
         g.ui_script(S, ShopScreen, [
             ("click", "field:search", None), ("type", str(ui_oid)), ("key", "Enter"),
             ("click", "row", ui_oid), ("click", "button:refund", "restock")]),
         modality="computer_use",
-        OID=ui_oid, TOTAL=ui_total, STOCK={p: g.stock(p) + qty for p, qty, _ in g.order_lines(ui_oid)},
+        OID=ui_oid, TOTAL=ui_total,
+        STOCK={p: g.stock(p) + qty for p, qty, _ in g.order_lines(ui_oid)},
         IGNORE=SHOP_TS,
     )
 

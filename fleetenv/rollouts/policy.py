@@ -1,0 +1,234 @@
+"""Policies: what turns the conversation so far into the agent's next move.
+
+A policy gets a :class:`PolicyContext` (the task, the OpenAI-format conversation, the
+tools) and returns a :class:`Reply`: the assistant message to record, and the actions it
+implies, in order. Keeping both lets the transcript show exactly what the model said
+while the episode executes what it meant.
+
+Policies are built in the process that runs the episode from a picklable
+:class:`PolicySpec`, so a rollout job can cross into a process pool or a cluster.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from fleetenv.core.errors import ConfigurationError
+from fleetenv.core.tasks import Task
+from fleetenv.env.actions import Action, Done, FinalAnswer, ToolCall, parse_action
+
+
+@dataclass
+class PolicyContext:
+    """What a policy sees when it is asked for the next move."""
+
+    task: Task
+    messages: list[dict[str, Any]]
+    """The conversation so far, OpenAI chat format (images as ``image_url`` parts)."""
+    tools: list[dict[str, Any]]
+    """The tools the agent may call, OpenAI function format."""
+    turn: int
+    """How many replies the policy gave before this one."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One policy reply: the assistant message and the actions it stands for."""
+
+    message: dict[str, Any]
+    actions: tuple[Action, ...]
+
+    @classmethod
+    def from_actions(cls, actions: Sequence[Action]) -> Reply:
+        """Build the assistant message for actions that did not come from a model."""
+        calls = [a for a in actions if isinstance(a, ToolCall)]
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if calls:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+        answers = [a for a in actions if isinstance(a, FinalAnswer)]
+        if answers:
+            call = ToolCall("submit_final_answer", {"answer": answers[0].answer},
+                            id=answers[0].id)
+            message.setdefault("tool_calls", []).append(call.to_openai())
+        if not calls and not answers:
+            message["content"] = "Done."
+        return cls(message=message, actions=tuple(actions))
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything with ``act(context) -> Reply``."""
+
+    def act(self, context: PolicyContext) -> Reply: ...
+
+
+class ScriptedPolicy:
+    """Replays a fixed list of tool calls, one per turn, then finishes.
+
+    ``ScriptedPolicy.reference()`` replays each task's bundled reference solution, which is
+    what ``fleetenv demo`` runs: an end-to-end check that needs no model.
+    """
+
+    def __init__(self, calls: Sequence[Mapping[str, Any] | ToolCall] | None = None,
+                 *, use_reference: bool = False) -> None:
+        self.calls = [c if isinstance(c, ToolCall) else ToolCall(str(c["name"]),
+                                                                 dict(c.get("arguments") or {}))
+                      for c in (calls or [])]
+        self.use_reference = use_reference
+
+    @classmethod
+    def reference(cls) -> ScriptedPolicy:
+        return cls(use_reference=True)
+
+    def act(self, context: PolicyContext) -> Reply:
+        calls = self.calls
+        if self.use_reference:
+            solution = context.task.reference_solution
+            if not solution:
+                raise ConfigurationError(
+                    "the task has no reference solution to replay",
+                    hint="use another policy, or add metadata.reference_solution",
+                    task=context.task.key)
+            calls = [ToolCall(c.name, dict(c.arguments)) for c in solution]
+        if context.turn >= len(calls):
+            return Reply.from_actions([Done()])
+        return Reply.from_actions(parse_action(calls[context.turn]))
+
+
+class CallablePolicy:
+    """Adapts a plain function ``fn(context)`` into a policy.
+
+    The function may return a :class:`Reply`, one action in any accepted form (a
+    ``ToolCall``, an OpenAI tool-call dict, ``{"tool", "params", "done"}``,
+    ``FinalAnswer``, ``Done``), a list of those, or an OpenAI assistant message dict
+    (``{"role": "assistant", "tool_calls": [...]}``).
+    """
+
+    def __init__(self, fn: Callable[[PolicyContext], Any]) -> None:
+        self.fn = fn
+
+    def act(self, context: PolicyContext) -> Reply:
+        return to_reply(self.fn(context), context.task)
+
+
+def to_reply(value: Any, task: Task) -> Reply:
+    """Normalise what a policy function returned into a :class:`Reply`."""
+    if isinstance(value, Reply):
+        return value
+    if isinstance(value, Mapping) and value.get("role") == "assistant":
+        return reply_from_assistant_message(dict(value), task)
+    items = value if isinstance(value, list | tuple) else [value]
+    actions: list[Action] = []
+    for item in items:
+        actions.extend(parse_action(item))
+    return Reply.from_actions(actions)
+
+
+def reply_from_assistant_message(message: dict[str, Any], task: Task) -> Reply:
+    """The actions an OpenAI assistant message stands for.
+
+    Tool calls run in order. A reply without tool calls ends the episode: its text is the
+    final answer when the task asks for one, otherwise it is a plain "done".
+    """
+    calls = message.get("tool_calls") or []
+    actions: list[Action] = []
+    for call in calls:
+        actions.extend(parse_action(call))
+    if not calls:
+        text = _text_of(message.get("content"))
+        if task.needs_final_answer and text.strip():
+            actions.append(FinalAnswer(text.strip()))
+        else:
+            actions.append(Done())
+    return Reply(message=message, actions=tuple(actions))
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    return ""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A picklable recipe for a policy, built where the episode runs.
+
+    ``kind``: ``"reference"`` (replay the task's reference solution), ``"scripted"``
+    (``options["calls"]``), ``"openai"`` (an OpenAI-compatible chat-completions server;
+    options ``model``, ``base_url``, ``api_key_env``, ...), or ``"import"``
+    (``options["target"] = "package.module:attribute"``, a policy object, a policy class
+    taking no arguments, or a plain function).
+    """
+
+    kind: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def build(self) -> Policy:
+        if self.kind == "reference":
+            return ScriptedPolicy.reference()
+        if self.kind == "scripted":
+            return ScriptedPolicy(list(self.options.get("calls") or []))
+        if self.kind == "openai":
+            from fleetenv.rollouts.openai_policy import OpenAIChatPolicy
+
+            return OpenAIChatPolicy(**dict(self.options))
+        if self.kind == "import":
+            return _import_policy(str(self.options.get("target", "")))
+        raise ConfigurationError(
+            f"unknown policy kind {self.kind!r}",
+            hint="use 'reference', 'scripted', 'openai' or 'import'")
+
+    def describe(self) -> str:
+        """A short label for logs and result files (no secrets: options are not shown)."""
+        detail = self.options.get("model") or self.options.get("target") or ""
+        return f"{self.kind}:{detail}" if detail else self.kind
+
+
+def as_policy(policy: Policy | PolicySpec | Callable[[PolicyContext], Any] | str) -> Policy:
+    """Accept a policy, a spec, a plain function, or a spec string (``"reference"``,
+    ``"import:pkg.mod:fn"``)."""
+    if isinstance(policy, PolicySpec):
+        return policy.build()
+    if isinstance(policy, str):
+        return parse_policy_spec(policy).build()
+    if isinstance(policy, Policy):
+        return policy
+    if callable(policy):
+        return CallablePolicy(policy)
+    raise ConfigurationError(f"cannot use a {type(policy).__name__} as a policy",
+                             hint="pass a Policy, a PolicySpec, or a function of the context")
+
+
+def parse_policy_spec(text: str, **options: Any) -> PolicySpec:
+    """``"reference"``, ``"openai"`` (with options) or ``"import:pkg.mod:attr"``."""
+    kind, _, rest = text.partition(":")
+    if kind == "import":
+        return PolicySpec("import", {"target": rest, **options})
+    return PolicySpec(kind, options)
+
+
+def _import_policy(target: str) -> Policy:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"bad policy import target {target!r}",
+                                 hint="write it as 'package.module:attribute'")
+    try:
+        value = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"cannot import policy {target!r}: {exc}",
+                                 hint="check the module is importable in the worker") from exc
+    if isinstance(value, type):
+        value = value()
+    return as_policy(value)
+
+
+def dump_actions(actions: Sequence[Action]) -> str:
+    """A compact description of actions for logs."""
+    return json.dumps([type(a).__name__ + (f"({a.name})" if isinstance(a, ToolCall) else "")
+                       for a in actions])
