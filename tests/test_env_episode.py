@@ -121,9 +121,10 @@ def test_unknown_tool_and_bad_arguments_are_observations(local_fleet: LocalFleet
         real = obs.tools[0]["function"]["name"]
         obs, reward, terminated, truncated, info = env.step(ToolCall(real[:-1] + "x", {}))
         assert obs.is_error and "unknown tool" in obs.error and real in obs.error
+        assert info["tool_error"] == obs.error
         assert (reward, terminated, truncated) == (0.0, False, False)
-        obs, *_ , info = env.step({"type": "function", "function": {"name": real,
-                                                                   "arguments": "{oops"}})
+        obs, *_ = env.step({"type": "function",
+                            "function": {"name": real, "arguments": "{oops"}})
         assert obs.is_error and "not valid JSON" in obs.error
         obs, *_ = env.step(ToolCall(real, "[1, 2]"))
         assert obs.is_error and "must be a JSON object" in obs.error
