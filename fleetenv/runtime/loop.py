@@ -266,16 +266,18 @@ def _wait(
                         hint="the loop thread may be blocked by non-async code; report a bug",
                     )
                 slice_s = min(slice_s, remaining)
-            done, _ = concurrent.futures.wait((future,), timeout=slice_s)
-            if done:
+            try:
+                # returns as soon as the future is done; raises CancelledError if cancelled
+                error = future.exception(timeout=slice_s)
                 break
+            except concurrent.futures.TimeoutError:
+                continue
     except BaseException:
         # Interrupted (KeyboardInterrupt, watchdog, ...): cancel the loop-side task and
         # let it unwind, so nothing keeps running behind the caller's back. Re-raised.
         future.cancel()
         finished.wait(_CANCEL_GRACE_S)
         raise
-    error = future.exception()  # raises CancelledError if someone cancelled the future
     if error is None:
         return future.result()
     raise unwrap_group(error)
