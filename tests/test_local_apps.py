@@ -142,9 +142,9 @@ def fresh(seeds: dict[str, Path], tmp_path: Path):  # type: ignore[no-untyped-de
 @pytest.mark.parametrize("app", sorted(APPS))
 def test_seed_is_deterministic_sized_and_keyed(app: str, tmp_path: Path) -> None:
     first, second = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
-    elapsed = min(build(APPS[app], first), build(APPS[app], second))
-    assert dump(first) == dump(second)
-    assert elapsed < 0.25, f"building {app} took {elapsed * 1000:.0f} ms"
+    build(APPS[app], first)
+    build(APPS[app], second)
+    assert dump(first) == dump(second)  # build time is measured in bench_local_start.py
     with sqlite3.connect(first) as conn:
         tables = [
             r[0]

@@ -17,8 +17,17 @@ from collections.abc import Sequence
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("fleetenv.cli.demo",
+             "run every bundled task on the embedded local Fleet with the reference policy"),
+    "run": ("fleetenv.cli.run", "run a policy on the tasks of a task file, print the summary"),
+    "tools": ("fleetenv.cli.tools", "list the tools of an environment (provisions, then deletes)"),
+    "report": ("fleetenv.cli.report", "summarise a results file (pass@k, per env, stop reasons)"),
     "serve": ("fleetenv.cli.serve", "run the embedded local Fleet in the foreground"),
 }
+
+#: Third-party loggers that are chatty at INFO (one line per HTTP request or MCP message).
+_NOISY_LOGGERS = ("httpx", "httpx2", "httpcore", "mcp", "uvicorn", "uvicorn.access",
+                  "uvicorn.error", "urllib3", "fleet")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,10 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(debug=args.debug)
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
@@ -59,6 +65,27 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         print("(run with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def configure_logging(*, debug: bool) -> None:
+    """Quiet by default: fleetenv's own INFO messages, only warnings from everything else.
+
+    A run of 66 episodes would otherwise print a line per HTTP request (httpx), per MCP
+    message (mcp) and per lifecycle event; the summary table is what the user came for, and
+    every event is in the results file anyway. ``--debug`` turns everything on.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if debug:
+        return
+    logging.getLogger("fleetenv").setLevel(logging.INFO)
+    # Per-episode lifecycle events (started, provisioned, completed, deleted) are INFO;
+    # failures among them are WARNING or above and still show.
+    logging.getLogger("fleetenv.events").setLevel(logging.WARNING)
+    for name in _NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, LoopThreadError
@@ -89,8 +89,11 @@ class _Loop:
     portal: BlockingPortal
     cm: AbstractContextManager[BlockingPortal]  # kept alive on purpose, see module docstring
     thread: threading.Thread
+    aio: asyncio.AbstractEventLoop
     services: TaskGroup
     generation: int
+    # tasks started by submit/call, so shutdown can cancel them (touched on the loop only)
+    jobs: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
 _lock = threading.Lock()
@@ -132,12 +135,13 @@ def _start() -> None:
     portal = cm.__enter__()
     try:
         thread = portal.call(threading.current_thread)
+        aio = portal.call(asyncio.get_running_loop)
         _, services = portal.start_task(_run_services, name="fleetenv-services")
     except Exception:
         cm.__exit__(None, None, None)
         raise
     _state = _Loop(
-        portal=portal, cm=cm, thread=thread, services=services, generation=_generation
+        portal=portal, cm=cm, thread=thread, aio=aio, services=services, generation=_generation
     )
 
 
@@ -212,6 +216,78 @@ async def _run_job(
             finished.set()
 
 
+def _schedule(
+    state: _Loop,
+    fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    timeout: float | None,
+    finished: threading.Event | None,
+    name: str,
+) -> concurrent.futures.Future[T]:
+    """Start ``fn(*args)`` as a task on the loop without waiting for the loop to pick it up.
+
+    Measured on the tool-call path: the portal's ``start_task_soon`` blocks the caller
+    until the loop acknowledges the spawn, and ``run_coroutine_threadsafe`` resolves the
+    future one loop iteration after the task ends (behind whatever else is ready). Here the
+    task resolves the future itself, as its last step, and nobody waits for the spawn.
+    ``future.cancel()`` cancels the task. Tasks are tracked so `shutdown` can cancel them.
+    """
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def start() -> None:
+        if future.cancelled():  # cancelled before the loop got to it: never start
+            if finished is not None:
+                finished.set()
+            return
+        task = state.aio.create_task(_tracked(state, future, fn, args, timeout, finished))
+        task.set_name(name)
+
+        def cancel_task(done: concurrent.futures.Future[T]) -> None:
+            if done.cancelled() and not task.done():
+                state.aio.call_soon_threadsafe(task.cancel)
+
+        future.add_done_callback(cancel_task)
+
+    try:
+        state.aio.call_soon_threadsafe(start)
+    except RuntimeError as exc:  # the loop was closed under us (shutdown in progress)
+        raise FleetEnvError(
+            f"the fleetenv loop is not running ({exc})",
+            hint="the runtime is shutting down; do not start new work now",
+        ) from None
+    return future
+
+
+async def _tracked(
+    state: _Loop,
+    future: concurrent.futures.Future[T],
+    fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    timeout: float | None,
+    finished: threading.Event | None,
+) -> None:
+    """Run one job and hand its outcome to ``future`` (the task itself never fails)."""
+    task = asyncio.current_task()
+    assert task is not None
+    state.jobs.add(task)
+    try:
+        result = await _run_job(fn, args, timeout, finished)
+    except Exception as exc:
+        if future.set_running_or_notify_cancel():
+            future.set_exception(exc)
+    except BaseException as exc:  # cancellation or exit: tell the waiter, then re-raise
+        if isinstance(exc, asyncio.CancelledError):
+            future.cancel()
+        elif future.set_running_or_notify_cancel():
+            future.set_exception(exc)
+        raise
+    else:
+        if future.set_running_or_notify_cancel():
+            future.set_result(result)
+    finally:
+        state.jobs.discard(task)
+
+
 def submit(
     async_fn: Callable[..., Awaitable[T]], *args: Any, name: str | None = None
 ) -> concurrent.futures.Future[T]:
@@ -221,7 +297,7 @@ def submit(
     single-leaf exception group is NOT unwrapped here; `call` does that).
     """
     _refuse_loop_thread("fleetenv.runtime.submit()")
-    return _current().portal.start_task_soon(async_fn, *args, name=name or _name_of(async_fn))
+    return _schedule(_current(), async_fn, args, None, None, name or _name_of(async_fn))
 
 
 def call(
@@ -239,12 +315,11 @@ def call(
     to its leaf.
     """
     _refuse_loop_thread("fleetenv.runtime.call()")
+    label = name or _name_of(async_fn)
     finished = threading.Event()
-    future = _current().portal.start_task_soon(
-        _run_job, async_fn, args, timeout, finished, name=name or _name_of(async_fn)
-    )
+    future = _schedule(_current(), async_fn, args, timeout, finished, label)
     watchdog = None if timeout is None else timeout + _WATCHDOG_GRACE_S
-    return _wait(future, finished, watchdog, name or _name_of(async_fn))
+    return _wait(future, finished, watchdog, label)
 
 
 def _wait(
@@ -297,9 +372,7 @@ async def call_async(
     """
     if in_loop_thread():
         return await _run_job(async_fn, args, timeout, None)
-    future = _current().portal.start_task_soon(
-        _run_job, async_fn, args, timeout, None, name=name or _name_of(async_fn)
-    )
+    future = _schedule(_current(), async_fn, args, timeout, None, name or _name_of(async_fn))
     try:
         # wrap_future cancels `future` (and so the loop-side task) if this task is cancelled.
         return await asyncio.wrap_future(future)
@@ -406,9 +479,18 @@ def shutdown() -> None:
         _stop(state)
 
 
+async def _cancel_jobs(state: _Loop) -> None:
+    jobs = list(state.jobs)
+    for job in jobs:
+        job.cancel()
+    if jobs:
+        await asyncio.wait(jobs, timeout=_STOP_TIMEOUT_S / 2)
+
+
 def _stop(state: _Loop) -> None:
     """Cancel what is still running on the loop and join its thread, within a bound."""
     try:
+        state.portal.start_task_soon(_cancel_jobs, state).result(timeout=_STOP_TIMEOUT_S)
         state.portal.start_task_soon(state.portal.stop, True).result(timeout=_STOP_TIMEOUT_S)
     except Exception as exc:  # the loop is wedged or already gone: park it, never block exit
         logger.warning("fleetenv loop did not stop cleanly: %s", exc)

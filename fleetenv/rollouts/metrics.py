@@ -1,0 +1,317 @@
+"""Summaries of a batch of rollouts: what an eval reports and what a GRPO loop logs.
+
+Decisions, each made so a number cannot silently mean something else:
+
+* **Graded only.** Rewards, pass rates and pass@k use rollouts with a graded reward. A
+  rollout whose grade is unknown (verifier crashed) or that failed (provisioning, policy
+  error) is *not* a 0.0: it is counted as ungraded and shown next to the mean, the way
+  Tinker's loop drops invalid rollouts. Averaging ``None`` as 0 is how the previous client
+  reported false regressions.
+* **pass@k** is the unbiased estimator of Chen et al. (2021) from the n graded samples of
+  each task, ``1 - C(n-c, k) / C(n, k)``, averaged over tasks. A task with fewer than k
+  graded samples is *excluded* for that k (and counted in ``excluded``), because any
+  value for it would be a guess. Every label names k and n: ``pass@3 (n=5)``.
+* **Passed** means graded reward >= 1.0 (``RolloutResult.passed``).
+* **Variance per prompt** is the population variance of the graded rewards of one task
+  (a GRPO group), over tasks with at least two graded samples; the share of those tasks
+  with nonzero variance is the share of groups that carry a learning signal.
+* **Percentiles** interpolate linearly between order statistics (numpy's default).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fleetenv.core.errors import ConfigurationError
+from fleetenv.rollouts.episode import RolloutResult
+
+__all__ = [
+    "EnvBreakdown",
+    "MetricsError",
+    "PassAtK",
+    "Percentiles",
+    "Summary",
+    "pass_at_k",
+    "percentile",
+    "summarize",
+]
+
+
+class MetricsError(ConfigurationError, ValueError):
+    """A metric was asked for with arguments it is not defined for."""
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k samples drawn from n (c of them correct) passes.
+
+    Exact integer arithmetic (``math.comb``), so large n loses no precision.
+    """
+    if n < 1 or not 0 <= c <= n:
+        raise MetricsError(f"pass_at_k needs n >= 1 and 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise MetricsError(f"pass@{k} is undefined from n={n} samples",
+                           hint="ask for k between 1 and the number of samples per task")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of ``values`` by linear interpolation."""
+    if not values:
+        raise MetricsError("percentile of no values")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _variance(values: Sequence[float]) -> float:
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class PassAtK:
+    """pass@k averaged over the tasks that have at least k graded samples."""
+
+    k: int
+    value: float | None
+    tasks: int
+    """Tasks included in the mean."""
+    excluded: int
+    """Tasks left out because they have fewer than k graded samples."""
+    n_min: int = 0
+    n_max: int = 0
+
+    @property
+    def label(self) -> str:
+        if not self.tasks:
+            return f"pass@{self.k} (n<{self.k})"
+        n = f"{self.n_min}" if self.n_min == self.n_max else f"{self.n_min}..{self.n_max}"
+        return f"pass@{self.k} (n={n})"
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    """p50 / p90 / p99 of a duration in seconds (``None`` without data)."""
+
+    count: int = 0
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Percentiles:
+        if not values:
+            return cls()
+        return cls(len(values), percentile(values, 50), percentile(values, 90),
+                   percentile(values, 99))
+
+    def format(self) -> str:
+        if not self.count:
+            return "-"
+        return " / ".join(f"{v:.2f}" for v in (self.p50, self.p90, self.p99)
+                          if v is not None) + " s"
+
+
+@dataclass(frozen=True)
+class EnvBreakdown:
+    """The numbers of one environment (``env_key`` as provisioned, ``key:version``)."""
+
+    env_key: str
+    rollouts: int
+    graded: int
+    passed: int
+    pass_rate: float | None
+    mean_reward: float | None
+    tool_calls: int
+    tool_errors: int
+    tool_error_rate: float | None
+    mean_turns: float | None
+    errors: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What :func:`summarize` found. ``to_dict()`` for JSON, ``format_table()`` for people."""
+
+    rollouts: int
+    tasks: int
+    graded: int
+    ungraded: int
+    errors: int
+    passed: int
+    pass_rate: float | None
+    """Passed / graded."""
+    mean_reward: float | None
+    """Mean of graded rewards (``None`` when nothing was graded)."""
+    pass_at_k: tuple[PassAtK, ...]
+    reward_variance_per_task: dict[str, float]
+    mean_reward_variance: float | None
+    variance_tasks: int
+    """Tasks with at least two graded samples (the ones a variance is defined for)."""
+    nonzero_variance_share: float | None
+    tool_calls: int
+    tool_errors: int
+    tool_error_rate: float | None
+    stop_reasons: dict[str, int]
+    error_types: dict[str, int]
+    per_env: tuple[EnvBreakdown, ...]
+    total_s: Percentiles = field(default_factory=Percentiles)
+    provision_s: Percentiles = field(default_factory=Percentiles)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["pass_at_k"] = [dict(asdict(p), label=p.label) for p in self.pass_at_k]
+        return data
+
+    def format_table(self) -> str:
+        """A compact fixed-width text table for the terminal."""
+        lines = [f"rollouts {self.rollouts}  tasks {self.tasks}  graded {self.graded}  "
+                 f"ungraded {self.ungraded}  errors {self.errors}", ""]
+        rows: list[tuple[str, str, str]] = []
+        for p in self.pass_at_k:
+            note = f"{p.tasks} tasks" + (f", {p.excluded} with fewer than {p.k} graded "
+                                         "samples excluded" if p.excluded else "")
+            rows.append((p.label, _num(p.value), note))
+        rows.append(("mean reward (graded)", _num(self.mean_reward),
+                     f"{self.graded} graded, {self.ungraded} ungraded"))
+        rows.append(("pass rate (graded)", _pct(self.pass_rate),
+                     f"{self.passed}/{self.graded}"))
+        rows.append(("reward variance per task", _num(self.mean_reward_variance),
+                     f"mean over {self.variance_tasks} tasks with >= 2 graded samples"))
+        nonzero = (round(self.nonzero_variance_share * self.variance_tasks)
+                   if self.nonzero_variance_share is not None else 0)
+        rows.append(("tasks with nonzero variance", _pct(self.nonzero_variance_share),
+                     f"{nonzero}/{self.variance_tasks}"))
+        rows.append(("tool-error rate", _pct(self.tool_error_rate),
+                     f"{self.tool_errors}/{self.tool_calls} calls"))
+        rows.append(("total_s p50/p90/p99", self.total_s.format(), ""))
+        rows.append(("provision_s p50/p90/p99", self.provision_s.format(), ""))
+        width = max(len(r[0]) for r in rows)
+        value_width = max(len(r[1]) for r in rows)
+        lines += [f"{a:<{width}}  {b:>{value_width}}  {c}".rstrip() for a, b, c in rows]
+
+        if self.per_env:
+            lines.append("")
+            env_width = max(len("env"), *(len(e.env_key) for e in self.per_env))
+            lines.append(f"{'env':<{env_width}}  {'rollouts':>8}  {'pass':>6}  "
+                         f"{'reward':>6}  {'tool err':>8}  {'turns':>5}  {'errors':>6}")
+            for e in self.per_env:
+                lines.append(f"{e.env_key:<{env_width}}  {e.rollouts:>8}  "
+                             f"{_pct(e.pass_rate):>6}  {_num(e.mean_reward):>6}  "
+                             f"{_pct(e.tool_error_rate):>8}  {_num(e.mean_turns, 1):>5}  "
+                             f"{e.errors:>6}")
+        for title, counts in (("stop reason", self.stop_reasons), ("error", self.error_types)):
+            if counts:
+                lines.append("")
+                name_width = max(len(title), *(len(k) for k in counts))
+                lines.append(f"{title:<{name_width}}  {'count':>6}")
+                for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+                    lines.append(f"{name:<{name_width}}  {count:>6}")
+        return "\n".join(lines)
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _rate(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def _graded_reward(result: RolloutResult) -> float | None:
+    return result.reward if result.graded and result.reward is not None else None
+
+
+def summarize(results: Iterable[RolloutResult], ks: Sequence[int] = (1,)) -> Summary:
+    """Summarise ``results`` (any iterable: a list, ``read_results(...)``, a runner).
+
+    ``ks``: the k of every pass@k to compute; each must be >= 1.
+    """
+    bad = [k for k in ks if not isinstance(k, int) or k < 1]
+    if bad:
+        raise MetricsError(f"pass@k needs whole numbers k >= 1, got {bad}")
+    items = list(results)
+    by_task: dict[str, list[float]] = defaultdict(list)
+    tasks: set[str] = set()
+    by_env: dict[str, list[RolloutResult]] = defaultdict(list)
+    for result in items:
+        tasks.add(result.task_key)
+        by_env[result.env_key].append(result)
+        reward = _graded_reward(result)
+        if reward is not None:
+            by_task[result.task_key].append(reward)
+
+    graded_rewards = [r for rewards in by_task.values() for r in rewards]
+    passed = sum(1 for r in graded_rewards if r >= 1.0)
+    variances = {task: _variance(rewards) for task, rewards in sorted(by_task.items())
+                 if len(rewards) >= 2}
+    nonzero = sum(1 for v in variances.values() if v > 0)
+    tool_calls = sum(r.tool_calls for r in items)
+    tool_errors = sum(r.tool_errors for r in items)
+    return Summary(
+        rollouts=len(items),
+        tasks=len(tasks),
+        graded=len(graded_rewards),
+        ungraded=len(items) - len(graded_rewards),
+        errors=sum(1 for r in items if r.error is not None),
+        passed=passed,
+        pass_rate=_rate(passed, len(graded_rewards)),
+        mean_reward=_mean(graded_rewards),
+        pass_at_k=tuple(_pass_at(k, by_task, len(tasks)) for k in dict.fromkeys(ks)),
+        reward_variance_per_task=variances,
+        mean_reward_variance=_mean(list(variances.values())),
+        variance_tasks=len(variances),
+        nonzero_variance_share=_rate(nonzero, len(variances)),
+        tool_calls=tool_calls,
+        tool_errors=tool_errors,
+        tool_error_rate=_rate(tool_errors, tool_calls),
+        stop_reasons=dict(Counter(r.stop_reason or "unknown" for r in items)),
+        error_types=dict(Counter(r.error.get("type", "unknown") for r in items if r.error)),
+        per_env=tuple(_env_breakdown(env, rs) for env, rs in sorted(by_env.items())),
+        total_s=Percentiles.of([r.timings["total_s"] for r in items if "total_s" in r.timings]),
+        provision_s=Percentiles.of([r.timings["provision_s"] for r in items
+                                    if "provision_s" in r.timings and r.instance_id]),
+    )
+
+
+def _pass_at(k: int, by_task: dict[str, list[float]], all_tasks: int) -> PassAtK:
+    values: list[float] = []
+    sizes: list[int] = []
+    for rewards in by_task.values():
+        n = len(rewards)
+        if n >= k:
+            values.append(pass_at_k(n, sum(1 for r in rewards if r >= 1.0), k))
+            sizes.append(n)
+    return PassAtK(k=k, value=_mean(values), tasks=len(values),
+                   excluded=all_tasks - len(values),
+                   n_min=min(sizes, default=0), n_max=max(sizes, default=0))
+
+
+def _env_breakdown(env_key: str, results: list[RolloutResult]) -> EnvBreakdown:
+    rewards = [r for r in (_graded_reward(x) for x in results) if r is not None]
+    passed = sum(1 for r in rewards if r >= 1.0)
+    calls = sum(r.tool_calls for r in results)
+    errors = sum(r.tool_errors for r in results)
+    return EnvBreakdown(
+        env_key=env_key, rollouts=len(results), graded=len(rewards), passed=passed,
+        pass_rate=_rate(passed, len(rewards)), mean_reward=_mean(rewards),
+        tool_calls=calls, tool_errors=errors, tool_error_rate=_rate(errors, calls),
+        mean_turns=_mean([float(r.turns) for r in results]),
+        errors=sum(1 for r in results if r.error is not None),
+    )

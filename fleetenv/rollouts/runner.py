@@ -1,0 +1,418 @@
+"""``Runner``: many rollouts in parallel on any ``concurrent.futures.Executor``.
+
+    from fleetenv.rollouts.runner import Runner
+    from fleetenv.rollouts.results import ResultsWriter
+
+    with Runner(workers=8) as runner, ResultsWriter("results.jsonl") as out:
+        for result in runner.run(tasks, "reference", samples_per_task=4):
+            out.write(result)                       # in the order rollouts finish
+
+Executors
+---------
+* Threads (default: a ``ThreadPoolExecutor(workers)`` the runner owns). Jobs get the live
+  objects: the policy object as given, the runner's shared ``EventBus`` and its
+  ``CancelToken``. MCP traffic of every episode runs on fleetenv's one event-loop thread;
+  the worker threads only block, so threads are the right default for LLM agents (the
+  time goes to waiting on the model and the tools, not to Python).
+* A spawn ``ProcessPoolExecutor`` (for policies that burn CPU in Python). Jobs must
+  pickle: a ``PolicySpec``, a spec string, a module-level function or a picklable policy
+  object; anything else is a ``ConfigurationError`` at ``submit()``. Each worker process
+  has its own event loop and, in local mode, talks to the *parent's* embedded Fleet (the
+  runner rewrites the config with its URL and token). Worker events come back with the
+  result and are re-emitted on the runner's bus, so accounting covers them too.
+* A distributed executor, e.g. Dask: ``Runner(executor=dask_client.get_executor(),
+  workers=<number of worker processes>, config=resolve_config(api_key=...))``. Treated
+  like a process pool (jobs are pickled). The embedded local Fleet listens on 127.0.0.1,
+  so remote machines need real Fleet (an API key). fleetenv does not depend on dask.
+
+Caps
+----
+* Episodes in flight: ``max_in_flight`` (default ``workers``), a semaphore around submit,
+  so ``run()`` over 10 000 tasks holds at most that many futures, not 10 000. Since an
+  episode holds at most one instance, this also bounds live instances of the run.
+* Instances being created / live (``FleetConfig.max_creating_instances`` /
+  ``max_live_instances``) are process-wide gates (``fleetenv.fleet.limits``). With threads
+  they apply as configured. With a process pool each worker process has its own gates, so
+  the runner divides both caps by ``workers`` (at least 1 each) in the config it sends to
+  workers: pass ``workers`` equal to the pool's process count for the totals to hold.
+
+Failures and cancellation
+-------------------------
+Every submitted rollout yields exactly one ``RolloutResult``; a broken episode, a dead
+worker process (``BrokenProcessPool``) or an unpicklable result becomes a result with
+``error`` set (``RolloutWorkerError``), and the batch goes on. ``cancel()`` closes every
+live env of this runner at once (threads), cancels queued rollouts, and deletes every
+instance tagged with the runner's ``run_tag`` via the control plane, which also reaches
+instances that worker processes created. ``run()`` cancels on Ctrl-C and re-raises;
+leaving a ``with Runner()`` block by an exception cancels too.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
+
+from fleetenv.core.config import FleetConfig, resolve_config
+from fleetenv.core.errors import ConfigurationError, EpisodeStateError
+from fleetenv.core.event_bus import EventBus
+from fleetenv.core.tasks import Task
+from fleetenv.rollouts.episode import CancelToken, RolloutCancelled, RolloutResult
+from fleetenv.rollouts.jobs import (
+    JobOutcome,
+    PolicyLike,
+    RolloutJob,
+    RolloutSettings,
+    RolloutWorkerError,
+    check_picklable,
+    failed_result,
+    run_job,
+    run_job_collecting_events,
+)
+from fleetenv.rollouts.policy import PolicySpec, parse_policy_spec
+from fleetenv.rollouts.progress import Progress
+
+__all__ = ["PolicyLike", "Runner"]
+
+logger = logging.getLogger("fleetenv.rollouts")
+
+#: How often blocking waits wake up to notice a cancel (and redraw the progress bar).
+_POLL_S = 0.25
+#: After close() cancelled what was still running, how long it waits for it to unwind.
+_CANCEL_GRACE_S = 15.0
+
+
+class Runner:
+    """Runs rollouts of a policy on tasks in parallel; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        workers: int = 8,
+        executor: Executor | None = None,
+        config: FleetConfig | None = None,
+        events: EventBus | None = None,
+        max_in_flight: int | None = None,
+        max_steps: int | None = None,
+        system_prompt: str | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ConfigurationError(f"workers must be at least 1, got {workers}",
+                                     field="workers")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ConfigurationError(f"max_in_flight must be at least 1, got {max_in_flight}",
+                                     hint="leave it unset to use the number of workers",
+                                     field="max_in_flight")
+        config = config if config is not None else resolve_config()
+        self.run_tag: str = config.run_tag or f"fleetenv-run-{uuid.uuid4().hex[:12]}"
+        if config.use_local:
+            # Start the embedded Fleet here, in the parent, and point every worker (thread
+            # or process) at it; a worker process would otherwise start its own.
+            from fleetenv.fleet.backend import local_fleet
+
+            local = local_fleet()
+            config = config.replace(api_key=local.token, base_url=local.base_url,
+                                    use_local=False)
+        self.config: FleetConfig = config.replace(run_tag=self.run_tag)
+        self.workers = workers
+        self.max_in_flight = max_in_flight or workers
+        self.events = events if events is not None else EventBus()
+        self._owns_executor = executor is None
+        self._executor: Executor = executor or ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="fleetenv-rollout")
+        self._in_process = isinstance(self._executor, ThreadPoolExecutor)
+        job_config = self.config if self._in_process else _per_process_caps(self.config,
+                                                                            workers)
+        self._settings = RolloutSettings(config=job_config, max_steps=max_steps,
+                                         system_prompt=system_prompt, run_tag=self.run_tag)
+        self._slots = threading.Semaphore(self.max_in_flight)
+        self._token = CancelToken()
+        self._lock = threading.Lock()
+        self._running: set[Future[Any]] = set()
+        self._cancelled = False
+        self._closed = False
+        # Set when a worker failed outside run_episode (a dead process): instances it had
+        # created are orphans, so close() sweeps the run's tag.
+        self._worker_lost = False
+        self._progress = Progress(enabled=progress)
+
+    def __repr__(self) -> str:
+        kind = "threads" if self._in_process else type(self._executor).__name__
+        return (f"Runner({kind}, workers={self.workers}, max_in_flight={self.max_in_flight}, "
+                f"run_tag={self.run_tag!r})")
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    # ------------------------------------------------------------------ submitting
+
+    def submit(self, task: Task, policy: PolicyLike, *, sample: int = 0
+               ) -> Future[RolloutResult]:
+        """Start one rollout; blocks while ``max_in_flight`` rollouts are in flight.
+
+        The future always resolves to a ``RolloutResult`` (failures are results with
+        ``error``). Raises ``ConfigurationError`` for a policy that cannot be used with
+        this executor, ``EpisodeStateError`` after ``cancel()`` or ``close()``.
+        """
+        job = self._make_job(task, self._prepare_policy(policy), sample)
+        if not self._take_slot(blocking=True):
+            raise EpisodeStateError("the runner was cancelled; no new rollouts start",
+                                    hint="create a new Runner", task=job.task.key)
+        return self._start(job)
+
+    def run(self, tasks: Iterable[Task], policy: PolicyLike, *,
+            samples_per_task: int = 1) -> Iterator[RolloutResult]:
+        """Run every task ``samples_per_task`` times; yield results as they finish.
+
+        Tasks are read lazily, and at most ``max_in_flight`` rollouts are submitted at
+        once. The samples of one task are submitted one after another (a GRPO group
+        finishes together). Breaking out of the loop cancels rollouts not yet started;
+        Ctrl-C cancels the whole run (see ``cancel()``) and re-raises.
+        """
+        if samples_per_task < 1:
+            raise ConfigurationError(
+                f"samples_per_task must be at least 1, got {samples_per_task}",
+                field="samples_per_task")
+        self._check_open()
+        prepared = self._prepare_policy(policy)
+        total = len(tasks) * samples_per_task if isinstance(tasks, Sized) else None
+        pairs = ((task, sample) for task in tasks for sample in range(samples_per_task))
+        jobs = (self._make_job(task, prepared, sample) for task, sample in pairs)
+        return self._iterate(jobs, total)
+
+    def _iterate(self, jobs: Iterator[RolloutJob], total: int | None
+                 ) -> Iterator[RolloutResult]:
+        finished: queue.SimpleQueue[Future[RolloutResult]] = queue.SimpleQueue()
+        outstanding: set[Future[RolloutResult]] = set()
+        progress = self._progress
+        progress.set_total(None if total is None else
+                           progress.done + progress.running + total)
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and not self._cancelled:
+                    if not self._take_slot(blocking=not outstanding):
+                        break
+                    try:
+                        job = next(jobs, None)
+                    except BaseException:
+                        self._slots.release()
+                        raise
+                    if job is None:
+                        self._slots.release()
+                        exhausted = True
+                        break
+                    future = self._start(job)
+                    outstanding.add(future)
+                    future.add_done_callback(finished.put)
+                if not outstanding:
+                    return
+                try:
+                    future = finished.get(timeout=_POLL_S)
+                except queue.Empty:
+                    progress.tick()
+                    continue
+                outstanding.discard(future)
+                yield future.result()
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+        finally:
+            for future in outstanding:  # only the not-yet-started ones can still cancel
+                future.cancel()
+            progress.close()
+
+    def _prepare_policy(self, policy: PolicyLike) -> Any:
+        """Validate once per run, not once per rollout: a typo in a spec should fail
+        here, not as 10 000 error results."""
+        if isinstance(policy, str):
+            policy = parse_policy_spec(policy)
+        if isinstance(policy, PolicySpec):
+            if self._in_process:  # a process pool's workers may import what we cannot
+                policy.build()  # raises ConfigurationError for an unknown kind or bad import
+        elif not callable(getattr(policy, "act", None)) and not callable(policy):
+            raise ConfigurationError(f"cannot use a {type(policy).__name__} as a policy",
+                                     hint="pass a Policy, a PolicySpec, a spec string such "
+                                          "as 'reference', or a function of the context")
+        return policy
+
+    def _make_job(self, task: Task | Mapping[str, Any], policy: Any, sample: int
+                  ) -> RolloutJob:
+        if not isinstance(task, Task):
+            task = Task.model_validate(dict(task))
+        job = RolloutJob(task=task, policy=policy, settings=self._settings, sample=sample)
+        if not self._in_process:
+            check_picklable(job)
+        return job
+
+    def _take_slot(self, *, blocking: bool) -> bool:
+        """An in-flight slot; ``False`` when none is free (non-blocking) or cancelled."""
+        self._check_open()
+        if not blocking:
+            return self._slots.acquire(blocking=False)
+        while not self._slots.acquire(timeout=_POLL_S):
+            if self._cancelled:
+                return False
+            self._progress.tick()
+        if self._cancelled:
+            self._slots.release()
+            return False
+        return True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EpisodeStateError("the runner is closed", hint="create a new Runner")
+
+    def _start(self, job: RolloutJob) -> Future[RolloutResult]:
+        """Hand the job to the executor (a slot is held); the returned future resolves
+        to a result whatever happens to the job."""
+        outer: Future[RolloutResult] = Future()
+        try:
+            if self._in_process:
+                inner = self._executor.submit(run_job, job, events=self.events,
+                                              cancel=self._token)
+            else:
+                inner = self._executor.submit(run_job_collecting_events, job)
+        except Exception as exc:  # a broken or shut-down pool: this rollout fails, not us
+            self._slots.release()
+            self._worker_lost = True
+            error = RolloutWorkerError(f"the executor refused the rollout: "
+                                       f"{type(exc).__name__}: {exc}",
+                                       task=job.task.key, env=job.task.env_spec)
+            outer.set_result(failed_result(job, error))
+            self._progress.finished(failed=True, reward=None)
+            return outer
+        with self._lock:
+            self._running.add(inner)
+        self._progress.started()
+        outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+        inner.add_done_callback(lambda f: self._finished(job, f, outer))
+        return outer
+
+    def _finished(self, job: RolloutJob, inner: Future[Any],
+                  outer: Future[RolloutResult]) -> None:
+        """Executor callback (any thread): turn whatever came back into a result."""
+        try:
+            result = self._result_of(job, inner)
+        except Exception as exc:  # never leave the caller's future unresolved
+            result = failed_result(job, RolloutWorkerError(
+                f"could not read the rollout's outcome: {type(exc).__name__}: {exc}",
+                task=job.task.key, env=job.task.env_spec))
+        finally:
+            with self._lock:
+                self._running.discard(inner)
+            self._slots.release()
+        self._progress.finished(failed=result.error is not None, reward=result.reward)
+        # InvalidStateError: the caller cancelled its future; nobody waits for this result.
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            outer.set_result(result)
+
+    def _result_of(self, job: RolloutJob, inner: Future[Any]) -> RolloutResult:
+        if inner.cancelled():
+            return failed_result(job, RolloutCancelled("the run was cancelled before this "
+                                                       "rollout started"),
+                                 stop_reason="cancelled")
+        exc = inner.exception()
+        if exc is None:
+            value = inner.result()
+            if isinstance(value, JobOutcome):
+                self._replay_events(value)
+                return value.result
+            if isinstance(value, RolloutResult):
+                return value
+            raise TypeError(f"the worker returned a {type(value).__name__}")
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C reached a worker process
+            return failed_result(job, RolloutCancelled("the worker was interrupted"),
+                                 stop_reason="cancelled")
+        self._worker_lost = True
+        return failed_result(job, RolloutWorkerError(
+            f"the rollout's worker failed: {type(exc).__name__}: {exc}",
+            task=job.task.key, env=job.task.env_spec))
+
+    def _replay_events(self, outcome: JobOutcome) -> None:
+        for event in outcome.events:
+            try:
+                self.events.emit(event)
+            except Exception:  # strict accounting raising here must not lose the result
+                logger.exception("re-emitting a worker's %s event failed", event.kind)
+
+    # ------------------------------------------------------------------ stopping
+
+    def cancel(self) -> None:
+        """Stop the run now (idempotent): close this runner's live envs, cancel queued
+        rollouts, then delete every instance tagged with ``run_tag``."""
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            running = list(self._running)
+        for future in running:
+            future.cancel()
+
+    def _sweep(self) -> list[str]:
+        from fleetenv.fleet.backend import get_backend
+
+        try:
+            swept = get_backend(self.config).provisioner.sweep_tag(self.run_tag)
+        except Exception as exc:  # cleanup continues; TTLs reap what a failed sweep left
+            logger.warning("could not sweep instances tagged %s: %s (they expire with their "
+                           "TTL; `fleetenv` can sweep leftovers later)", self.run_tag, exc)
+            return []
+        if swept:
+            logger.info("deleted %d instance(s) tagged %s", len(swept), self.run_tag)
+        return swept
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for running rollouts (at most ``timeout`` seconds, default: the longest an
+        episode can take under this config), then shut down an executor the runner
+        created. Rollouts still running after that are cancelled. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            running = list(self._running)
+        bound = self._longest_episode_s() if timeout is None else timeout
+        _, not_done = concurrent.futures.wait(running, timeout=bound)
+        if not_done:
+            logger.warning("%d rollout(s) still running after %.0f s; cancelling them",
+                           len(not_done), bound)
+            self.cancel()
+            _, not_done = concurrent.futures.wait(not_done, timeout=_CANCEL_GRACE_S)
+        if self._cancelled or self._worker_lost:
+            # After cancel(): again, for creates that finished during the first sweep.
+            # After a lost worker: the instances it held have nobody left to delete them.
+            self._sweep()
+        if self._owns_executor:
+            self._executor.shutdown(wait=not not_done, cancel_futures=True)
+        self._progress.close()
+
+    def _longest_episode_s(self) -> float:
+        config = self.config
+        longest = max(config.episode_deadline_for(m)  # type: ignore[arg-type]
+                      for m in ("tool_use", "computer_use", "browser_use"))
+        return config.provision_budget_s + longest + config.verifier_timeout_s
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is not None:
+            self.cancel()
+        self.close()
+
+
+def _per_process_caps(config: FleetConfig, processes: int) -> FleetConfig:
+    """Each worker process has its own process-wide gates: split the totals among them."""
+    return config.replace(
+        max_creating_instances=max(1, config.max_creating_instances // processes),
+        max_live_instances=max(1, config.max_live_instances // processes))
