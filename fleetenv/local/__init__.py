@@ -62,6 +62,10 @@ tool_delay         instance tool; seconds          wait before running the tool
 tool_hang          instance tool                   hold the tool call until cleared
 tool_error         instance tool; message          tool returns ``isError`` and does not
                                                    run
+tool_output        instance tool; payload, size    run the tool, then append to its
+                                                   result: ``huge`` = ``size`` bytes of
+                                                   text, ``binary`` = ``size`` non-UTF-8
+                                                   bytes as a blob resource
 session_loss       instance route                  the next MCP request on an existing
                                                    session finds it forgotten: 404
                                                    "Session not found"

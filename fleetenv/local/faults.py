@@ -25,6 +25,7 @@ KINDS: dict[str, frozenset[str]] = {
     "tool_delay": frozenset({"instance", "tool", "seconds"}),
     "tool_hang": frozenset({"instance", "tool"}),
     "tool_error": frozenset({"instance", "tool", "message"}),
+    "tool_output": frozenset({"instance", "tool", "payload", "size"}),
     "session_loss": frozenset({"instance", "route"}),
     "create_error": frozenset({"status", "message"}),
     "create_failed": frozenset({"message"}),
@@ -32,6 +33,10 @@ KINDS: dict[str, frozenset[str]] = {
     "verifier_hang": frozenset({"instance", "key"}),
 }
 HTTP_KINDS = ("drop_connection", "http_hang", "http_delay", "http_error")
+#: What a ``tool_output`` fault appends to the tool's real result: ``huge`` is ``size``
+#: bytes of text; ``binary`` is ``size`` bytes that are not UTF-8, as a blob resource plus
+#: the text a careless server would make of them.
+OUTPUT_PAYLOADS = ("huge", "binary")
 _SELECTORS = ("instance", "tool", "route", "method", "key")
 
 
@@ -48,6 +53,8 @@ class Fault:
     seconds: float | None = None
     status: int | None = None
     message: str | None = None
+    payload: str | None = None
+    size: int | None = None
     hits: int = 0
     released: anyio.Event = field(default_factory=anyio.Event, repr=False)
 
@@ -72,7 +79,8 @@ class Fault:
     def to_dict(self) -> dict[str, Any]:
         out = {
             name: getattr(self, name)
-            for name in ("id", "kind", "times", *_SELECTORS, "seconds", "status", "message")
+            for name in ("id", "kind", "times", *_SELECTORS, "seconds", "status", "message",
+                         "payload", "size")
         }
         out["hits"] = self.hits
         return {k: v for k, v in out.items() if v is not None}
@@ -109,6 +117,13 @@ class FaultRegistry:
         status = spec.get("status")
         if status is not None and (not isinstance(status, int) or not 400 <= status <= 599):
             raise FaultError(f"status must be an HTTP error code (400-599), not {status!r}")
+        if kind == "tool_output":
+            if spec.get("payload") not in OUTPUT_PAYLOADS:
+                raise FaultError(f"tool_output needs payload in {OUTPUT_PAYLOADS}, "
+                                 f"got {spec.get('payload')!r}")
+            size = spec.setdefault("size", 1_000_000)
+            if not isinstance(size, int) or not 0 < size <= 200_000_000:
+                raise FaultError(f"size must be 1..200_000_000 bytes, not {size!r}")
         if kind in ("http_error", "create_error") and status is None:
             spec["status"] = 503
         fault = Fault(id=f"fault-{next(self._ids)}", kind=kind, times=times, **spec)

@@ -54,13 +54,16 @@ class Faults:
         seconds: float | None = None,
         status: int | None = None,
         message: str | None = None,
+        payload: str | None = None,
+        size: int | None = None,
         times: int | None = None,
     ) -> str:
         """Register a fault; returns its id (for ``clear``). ``times=None``: until cleared."""
         spec: dict[str, Any] = {"kind": kind}
         for name, value in (("instance", instance), ("tool", tool), ("route", route),
                             ("method", method), ("key", key), ("seconds", seconds),
-                            ("status", status), ("message", message), ("times", times)):
+                            ("status", status), ("message", message), ("payload", payload),
+                            ("size", size), ("times", times)):
             if value is not None:
                 spec[name] = value
         return str(self._fleet._admin("POST", "/_local/faults", spec)["id"])

@@ -26,7 +26,35 @@ CALL_ID_META_KEY = "fleetenv/call_id"
 
 #: ``(tool_name, call_id) -> None``; may sleep, hang or raise ToolError (fault injection),
 #: and records the execution when it returns.
-ToolGate = Callable[[str, str | None], Awaitable[None]]
+#: Runs before every tool call: applies faults and counts the call. It may return a
+#: function that rewrites the tool's result (``tool_output`` faults).
+ToolGate = Callable[[str, str | None], Awaitable[Any]]
+
+
+def inject_output(payload: str, size: int) -> Callable[[Any], Any]:
+    """A rewrite that appends a ``tool_output`` fault's payload to a real tool result.
+
+    Appending (instead of replacing) keeps the tool's structured content valid against its
+    output schema, so what the client meets is exactly the oversized or binary part.
+    """
+    import base64
+
+    from mcp.types import BlobResourceContents, EmbeddedResource, TextContent
+
+    if payload == "huge":
+        line = "0123456789abcdefghijklmnopqrstuvwxyz" * 2 + "\n"
+        extra: list[Any] = [TextContent(type="text", text=(line * (size // len(line) + 1))[:size])]
+    else:
+        raw = (bytes((0xFF, 0xFE, 0xC3, 0x28, 0x80)) * (size // 5 + 1))[:size]
+        blob = BlobResourceContents(uri="file:///dump.bin", mime_type="application/octet-stream",
+                                    blob=base64.b64encode(raw).decode("ascii"))
+        extra = [TextContent(type="text", text=raw[:200].decode("utf-8", errors="replace")),
+                 EmbeddedResource(type="resource", resource=blob)]
+
+    def rewrite(result: Any) -> Any:
+        return result.model_copy(update={"content": [*result.content, *extra]})
+
+    return rewrite
 
 
 @contextlib.contextmanager
@@ -75,7 +103,9 @@ class InstanceMCPServer(MCPServer):
         if self._tool_names is None:  # apps register every tool up front
             self._tool_names = frozenset(tool.name for tool in await self.list_tools())
         if name in self._tool_names:  # unknown names never execute, so never count
-            await self._gate(name, call_id)
+            rewrite = await self._gate(name, call_id)
+            if rewrite is not None:
+                return rewrite(await super().call_tool(name, arguments, context))
         return await super().call_tool(name, arguments, context)
 
 

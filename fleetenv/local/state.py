@@ -16,7 +16,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from fleetenv.local.config import LocalFleetConfig
 from fleetenv.local.faults import FaultRegistry
 from fleetenv.local.instances import Instance, InstanceStore
-from fleetenv.local.mcp_host import ToolGate
+from fleetenv.local.mcp_host import ToolGate, inject_output
 from fleetenv.local.worker_pool import WorkerPool
 
 
@@ -59,12 +59,15 @@ class LocalFleetState:
     def gate_for(self, instance: Instance) -> ToolGate:
         """The hook every tool call of ``instance`` passes: faults first, then counting."""
 
-        async def gate(tool: str, call_id: str | None) -> None:
+        async def gate(tool: str, call_id: str | None) -> Any:
             fault = self.faults.take(
-                ("tool_hang", "tool_delay", "tool_error"),
+                ("tool_hang", "tool_delay", "tool_error", "tool_output"),
                 instance=instance.instance_id,
                 tool=tool,
             )
+            if fault is not None and fault.kind == "tool_output":
+                self.tool_calls.record(instance, tool, call_id)
+                return inject_output(fault.payload or "huge", fault.size or 1_000_000)
             if fault is not None:
                 if fault.kind == "tool_delay":
                     await anyio.sleep(fault.seconds or 0.0)
@@ -76,6 +79,7 @@ class LocalFleetState:
                         fault.message or f"injected tool failure (local Fleet {fault.id})"
                     )
             self.tool_calls.record(instance, tool, call_id)
+            return None
 
         return gate
 

@@ -53,7 +53,13 @@ if TYPE_CHECKING:
     import anyio
     from mcp import ClientSession
 
-__all__ = ["CALL_ID_META_KEY", "MCPConnection"]
+__all__ = ["CALL_ID_META_KEY", "MAX_MESSAGE_BYTES", "MCPConnection"]
+
+#: Largest MCP message (one SSE event) accepted. mcp's default of 1 MiB turns an ordinary
+#: large tool output (a log dump, a big query) into a failed call; 64 MiB accepts those
+#: and still refuses a runaway one with a clear error. Rendering truncates what the agent
+#: sees; the full text stays on the ToolResult.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 logger = logging.getLogger("fleetenv.mcp")
 
@@ -374,7 +380,8 @@ class MCPConnection:
                     )
                     stack.push_async_callback(client.aclose)
                     read, write = await stack.enter_async_context(
-                        streamable_http_client(self.url, http_client=client)
+                        streamable_http_client(self.url, http_client=client,
+                                               max_sse_event_size=MAX_MESSAGE_BYTES)
                     )
                     session = await stack.enter_async_context(
                         ClientSession(read, write, read_timeout_seconds=self.call_timeout)

@@ -149,6 +149,7 @@ class OpenAIChatPolicy:
         first = choices[0] if isinstance(choices, list) and choices else None
         message = first.get("message") if isinstance(first, Mapping) else None
         if not isinstance(message, Mapping):
+            self._count_failure()
             raise self._error(FleetEnvError, "the model server's answer has no "
                               "choices[0].message", "check base_url points at an "
                               "OpenAI-compatible /v1 API", detail=_short(json.dumps(data)))

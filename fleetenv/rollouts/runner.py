@@ -355,8 +355,10 @@ class Runner:
                 return
             self._cancelled = True
             running = list(self._running)
+        self._token.cancel()
         for future in running:
             future.cancel()
+        self._sweep()
 
     def _sweep(self) -> list[str]:
         from fleetenv.fleet.backend import get_backend
