@@ -124,10 +124,10 @@ def test_summary_renders_as_json_and_as_a_table() -> None:
     assert data["mean_reward"] == pytest.approx(0.375)
 
     table = summary.format_table()
-    assert "pass@3 (n=5)" in table and "2 with fewer than 3 graded samples excluded" in table
+    assert "pass@3 (n=5)" in table and "2 excluded (fewer than 3 graded samples)" in table
     assert "12 graded, 2 ungraded" in table
     assert "tasks with nonzero variance" in table and "2/3" in table
-    assert "7.50 / 12.70 / 13.87 s" in table
+    assert "7.50 s" in table and "p90 12.70 s, p99 13.87 s (14 rollouts)" in table
     env_lines = [line for line in table.splitlines() if line.startswith(("e1 ", "e2 "))]
     assert len(env_lines) == 2 and "30.0%" in env_lines[0]
     widths = {len(line) for line in env_lines}

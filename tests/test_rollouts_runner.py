@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import signal
@@ -25,6 +26,7 @@ from fleetenv.core.tasks import Task
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.policy import PolicyContext, PolicySpec, Reply, ScriptedPolicy
+from fleetenv.rollouts.progress import Progress, format_duration
 from fleetenv.rollouts.runner import Runner
 
 pytestmark = pytest.mark.timeout(60)
@@ -278,3 +280,47 @@ def test_runner_checks_its_arguments_and_policies(local_fleet: LocalFleet) -> No
         future = runner.submit(_tasks()[0], "reference", sample=3)
         result = future.result(timeout=20)
     assert (result.sample, result.reward, result.policy) == (3, 1.0, "reference")
+
+
+class _TTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class _BrokenTTY(_TTY):
+    def write(self, text: str) -> int:
+        raise OSError("stderr is gone")
+
+
+def test_progress_draws_one_throttled_line_on_a_tty() -> None:
+    stream = _TTY()
+    bar = Progress(total=4, stream=stream)
+    assert bar.enabled
+    bar.started()
+    bar.started()
+    bar.finished(failed=False, reward=1.0)
+    for _ in range(500):  # a burst of updates draws at most a frame or two, not 500
+        bar.tick()
+    bar.finished(failed=True, reward=None)
+    line = bar.line()
+    assert line.startswith("rollouts 2/4 | failed 1 | running 0 | pass 100% | elapsed 0s")
+    assert "eta" in line
+    bar.close()
+    text = stream.getvalue()
+    assert text.count("\r") <= 4 and text.endswith("\n") and "\n" not in text[:-1]
+    assert format_duration(42) == "42s" and format_duration(185) == "3m05s"
+    assert format_duration(7380) == "2h03m"
+
+
+def test_progress_is_silent_off_a_tty_and_never_raises() -> None:
+    quiet = io.StringIO()
+    bar = Progress(total=1, stream=quiet)
+    bar.started()
+    bar.finished(failed=False, reward=1.0)
+    bar.close()
+    assert not bar.enabled and quiet.getvalue() == ""
+    broken = Progress(stream=_BrokenTTY())
+    broken.started()  # the write fails: the bar turns itself off
+    broken.tick(force=True)
+    broken.close()
+    assert not broken.enabled and broken.done == 0 and broken.running == 1

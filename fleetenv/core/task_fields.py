@@ -65,6 +65,12 @@ def _type_name(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def _a_type(value: Any) -> str:
+    """``"an array"``, ``"a number"``: the type name with its article."""
+    name = _type_name(value)
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
 def split_spec(spec: str, *, field: str, task: str | None) -> tuple[str, str | None]:
     """Split ``"key:version"`` the way fleet-python's ``make()`` does (first colon)."""
     name, sep, version = spec.strip().partition(":")
@@ -257,14 +263,14 @@ def normalize_task_fields(raw: Any) -> dict[str, Any]:
     if key is None or isinstance(key, bool) or not isinstance(key, (str, int)) \
             or not str(key).strip():
         got = ("missing or empty" if key is None or isinstance(key, str)
-               else f"a {_type_name(key)}, not a string")
+               else f"{_a_type(key)}, not a string")
         _fail(f"the task key is {got}", field="key", task=None,
               hint='give every task a unique "key" (aliases: "task_key", "id")')
     key = str(key).strip()
 
     prompt = _pick(raw, "prompt", task)
     if not isinstance(prompt, str):
-        got = "missing" if prompt is None else f"a {_type_name(prompt)}, not a string"
+        got = "missing" if prompt is None else f"{_a_type(prompt)}, not a string"
         _fail(f"prompt is {got}", field="prompt", task=key,
               hint='add "prompt": "<what the agent must do>"')
 

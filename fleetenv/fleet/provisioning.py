@@ -118,7 +118,8 @@ class Provisioner:
         ``DeadlineExceeded`` when a cap slot did not free up in time.
         """
         deadline = deadline or Deadline(self.budget_s)
-        context = {"task": request.task_key, "env": request.env_spec}
+        context = {"task": request.task_key, "env": request.env_spec,
+                   "fleet": self.client.base_url}
         started = time.monotonic()
         install_exit_hooks()
         limits.LIVE.acquire(deadline, **context)
@@ -148,7 +149,8 @@ class Provisioner:
                     exc, **context)
                 if not isinstance(error, TransientProvisioningError):
                     raise error from exc
-                self._unsure_creates = True
+                if not _never_sent(exc):
+                    self._unsure_creates = True
                 delay = self.backoff.delay(attempt)
                 remaining = deadline.remaining()
                 if remaining is not None and remaining <= delay:
@@ -285,6 +287,19 @@ class Provisioner:
                 continue
             swept.append(env.instance_id)
         return swept
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """True when the create request provably never reached the server (connect failed),
+    so it cannot have created an instance behind our back."""
+    import httpx
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, httpx.ConnectError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _already_gone(exc: Exception) -> bool:

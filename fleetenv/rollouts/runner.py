@@ -50,7 +50,6 @@ leaving a ``with Runner()`` block by an exception cancels too.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
 import queue
 import threading
@@ -136,7 +135,8 @@ class Runner:
         self._slots = threading.Semaphore(self.max_in_flight)
         self._token = CancelToken()
         self._lock = threading.Lock()
-        self._running: set[Future[Any]] = set()
+        #: Caller's future -> the executor's future, for every rollout not yet finished.
+        self._running: dict[Future[RolloutResult], Future[Any]] = {}
         self._cancelled = False
         self._closed = False
         # Set when a worker failed outside run_episode (a dead process): instances it had
@@ -160,8 +160,11 @@ class Runner:
         """Start one rollout; blocks while ``max_in_flight`` rollouts are in flight.
 
         The future always resolves to a ``RolloutResult`` (failures are results with
-        ``error``). Raises ``ConfigurationError`` for a policy that cannot be used with
-        this executor, ``EpisodeStateError`` after ``cancel()`` or ``close()``.
+        ``error``). It reports itself running at once and ``future.cancel()`` returns
+        ``False``: an episode in flight is stopped with ``Runner.cancel()``.
+
+        Raises ``ConfigurationError`` for a policy that cannot be used with this executor,
+        ``EpisodeStateError`` after ``cancel()`` or ``close()``.
         """
         job = self._make_job(task, self._prepare_policy(policy), sample)
         if not self._take_slot(blocking=True):
@@ -227,8 +230,13 @@ class Runner:
             self.cancel()
             raise
         finally:
-            for future in outstanding:  # only the not-yet-started ones can still cancel
-                future.cancel()
+            # Left early (break, or an error in the loop body): rollouts still queued in
+            # the executor are cancelled; the running ones finish (close() waits for them).
+            with self._lock:
+                queued = [self._running.get(f) for f in outstanding]
+            for inner in queued:
+                if inner is not None:
+                    inner.cancel()
             progress.close()
 
     def _prepare_policy(self, policy: PolicyLike) -> Any:
@@ -276,6 +284,9 @@ class Runner:
         """Hand the job to the executor (a slot is held); the returned future resolves
         to a result whatever happens to the job."""
         outer: Future[RolloutResult] = Future()
+        # Running from the caller's point of view at once: cancelling one rollout's future
+        # cannot stop an episode in another thread or process, so it must not pretend to.
+        outer.set_running_or_notify_cancel()
         try:
             if self._in_process:
                 inner = self._executor.submit(run_job, job, events=self.events,
@@ -292,9 +303,8 @@ class Runner:
             self._progress.finished(failed=True, reward=None)
             return outer
         with self._lock:
-            self._running.add(inner)
+            self._running[outer] = inner
         self._progress.started()
-        outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
         inner.add_done_callback(lambda f: self._finished(job, f, outer))
         return outer
 
@@ -309,12 +319,10 @@ class Runner:
                 task=job.task.key, env=job.task.env_spec))
         finally:
             with self._lock:
-                self._running.discard(inner)
+                self._running.pop(outer, None)
             self._slots.release()
         self._progress.finished(failed=result.error is not None, reward=result.reward)
-        # InvalidStateError: the caller cancelled its future; nobody waits for this result.
-        with contextlib.suppress(concurrent.futures.InvalidStateError):
-            outer.set_result(result)
+        outer.set_result(result)
 
     def _result_of(self, job: RolloutJob, inner: Future[Any]) -> RolloutResult:
         if inner.cancelled():
@@ -354,7 +362,7 @@ class Runner:
             if self._cancelled:
                 return
             self._cancelled = True
-            running = list(self._running)
+            running = list(self._running.values())
         self._token.cancel()
         for future in running:
             future.cancel()
@@ -381,8 +389,10 @@ class Runner:
             if self._closed:
                 return
             self._closed = True
-            running = list(self._running)
+            running = list(self._running.values())
         bound = self._longest_episode_s() if timeout is None else timeout
+        if self._cancelled:  # what is left is unwinding; it has no real work to finish
+            bound = min(bound, _CANCEL_GRACE_S)
         _, not_done = concurrent.futures.wait(running, timeout=bound)
         if not_done:
             logger.warning("%d rollout(s) still running after %.0f s; cancelling them",

@@ -87,10 +87,13 @@ class BarrierPolicy:
                                          timeout=BARRIER_TIMEOUT_S)
         self.started: float | None = None
         self.ended: list[float] = []
+        self.cpu_s = 0.0
+        self._cpu_started = 0.0
         self._lock = threading.Lock()
 
     def _released(self) -> None:
         self.started = time.perf_counter()
+        self._cpu_started = time.process_time()
 
     def act(self, context: PolicyContext) -> Reply:
         if context.turn == 0:
@@ -99,6 +102,8 @@ class BarrierPolicy:
             return Reply.from_actions([ToolCall(TOOL, dict(ARGUMENTS))])
         with self._lock:
             self.ended.append(time.perf_counter())
+            if len(self.ended) == self.barrier.parties:
+                self.cpu_s = time.process_time() - self._cpu_started
         return Reply.from_actions([Done()])
 
 
@@ -131,8 +136,8 @@ class ThreadSampler:
         self._thread.join(timeout=5)
 
 
-def fleetenv_round(runner: Runner, episodes: int, calls: int) -> float:
-    """One round of (a); returns the tool-call phase in seconds."""
+def fleetenv_round(runner: Runner, episodes: int, calls: int) -> tuple[float, float]:
+    """One round of (a): (seconds, CPU seconds of this process) of the tool-call phase."""
     policy = BarrierPolicy(episodes, calls)
     results = list(runner.run([TASK], policy, samples_per_task=episodes))
     failed = [r for r in results if r.error or r.tool_calls != calls or r.tool_errors]
@@ -143,7 +148,7 @@ def fleetenv_round(runner: Runner, episodes: int, calls: int) -> float:
                          f"tool_calls={example and example.tool_calls} "
                          f"tool_errors={example and example.tool_error_messages[:1]}")
     assert policy.started is not None and len(policy.ended) == episodes
-    return max(policy.ended) - policy.started
+    return max(policy.ended) - policy.started, policy.cpu_s
 
 
 # ----------------------------------------------------------------------------- (b) asyncio
@@ -197,14 +202,14 @@ class RawSessions:
             if result.is_error:
                 raise RuntimeError(f"tool error: {result.content}")
 
-    async def _round(self, calls: int) -> float:
-        started = time.perf_counter()
+    async def _round(self, calls: int) -> tuple[float, float]:
+        started, cpu = time.perf_counter(), time.process_time()
         await asyncio.wait_for(
             asyncio.gather(*(self._episode(s, calls) for s in self.sessions)),
             PHASE_TIMEOUT_S)
-        return time.perf_counter() - started
+        return time.perf_counter() - started, time.process_time() - cpu
 
-    def round(self, calls: int) -> float:
+    def round(self, calls: int) -> tuple[float, float]:
         return self.loop.run_until_complete(self._round(calls))
 
     def close(self) -> None:
@@ -335,6 +340,8 @@ def main() -> None:
 
     fleetenv_s: list[float] = []
     asyncio_s: list[float] = []
+    fleetenv_cpu: list[float] = []
+    asyncio_cpu: list[float] = []
     with LocalFleet(in_process=False, instance_limit=4 * n + 16) as fleet:
         config = resolve_config(api_key=fleet.token, base_url=fleet.base_url,
                                 max_live_instances=max(64, n),
@@ -352,12 +359,14 @@ def main() -> None:
                     for index in range(options.rounds):
                         order = ("a", "b") if index % 2 == 0 else ("b", "a")
                         for variant in order:
-                            if variant == "a":
-                                fleetenv_s.append(fleetenv_round(runner, n, m))
-                            else:
-                                asyncio_s.append(raw.round(m))
+                            seconds, cpu = (fleetenv_round(runner, n, m) if variant == "a"
+                                            else raw.round(m))
+                            (fleetenv_s if variant == "a" else asyncio_s).append(seconds)
+                            (fleetenv_cpu if variant == "a" else asyncio_cpu).append(cpu)
                         print(f"round {index + 1}: fleetenv {n * m / fleetenv_s[-1]:.0f} "
-                              f"calls/s, asyncio {n * m / asyncio_s[-1]:.0f} calls/s",
+                              f"calls/s ({fleetenv_cpu[-1] / (n * m) * 1e3:.2f} ms CPU/call), "
+                              f"asyncio {n * m / asyncio_s[-1]:.0f} calls/s "
+                              f"({asyncio_cpu[-1] / (n * m) * 1e3:.2f} ms CPU/call)",
                               flush=True)
             finally:
                 raw.close()
@@ -372,6 +381,9 @@ def main() -> None:
     print(f"(a) fleetenv Runner (threads={n}):  {fleet_rate:8.0f} calls/s")
     print(f"(b) asyncio + mcp (gather):      {raw_rate:8.0f} calls/s")
     print(f"ratio (a)/(b): {fleet_rate / raw_rate:.3f}")
+    print(f"client CPU per call in this process (median): fleetenv "
+          f"{statistics.median(fleetenv_cpu) / (n * m) * 1e3:.2f} ms, asyncio "
+          f"{statistics.median(asyncio_cpu) / (n * m) * 1e3:.2f} ms")
     print(f"peak threads in this process during (a): {threads.peak_threads}; "
           f"'{LOOP_THREAD_NAME}' threads seen: {len(threads.loop_threads)} "
           f"(at most {threads.max_loop_threads} at once)")
