@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -200,7 +201,8 @@ def test_cancel_closes_live_episodes_and_leaves_no_instance(
         local_fleet: LocalFleet, local_faults: Any) -> None:
     local_faults.add("tool_hang")
     tasks = _tool_use_tasks(6)
-    runner = Runner(workers=3, config=_config(local_fleet), events=EventBus(sinks=[]),
+    bus = EventBus(sinks=[])
+    runner = Runner(workers=3, max_in_flight=5, config=_config(local_fleet), events=bus,
                     progress=False)
     results: list[Any] = []
     consumer = threading.Thread(target=lambda: results.extend(runner.run(tasks, REFERENCE)))
@@ -216,8 +218,12 @@ def test_cancel_closes_live_episodes_and_leaves_no_instance(
     finally:
         runner.close(timeout=20)
     assert took < 10
-    assert len(results) == 3  # the three in flight; nothing new starts after cancel()
-    assert all(r.stop_reason in ("cancelled", "error") and r.reward is None for r in results)
+    # Five were submitted (three running, two queued); nothing new starts after cancel().
+    assert len(results) == 5
+    assert all(r.stop_reason == "cancelled" and r.reward is None for r in results)
+    queued = [r for r in results if "before this rollout started" in r.error["message"]]
+    assert len(queued) == 2 and {r.error["type"] for r in queued} == {"RolloutCancelled"}
+    assert bus.report().balanced and bus.report().started == 3
     assert len(_created_with_tag(local_fleet, runner.run_tag)) == 3
     assert _running_with_tag(local_fleet, runner.run_tag) == []
     with pytest.raises(EpisodeStateError, match="closed"):
@@ -324,3 +330,19 @@ def test_progress_is_silent_off_a_tty_and_never_raises() -> None:
     broken.tick(force=True)
     broken.close()
     assert not broken.enabled and broken.done == 0 and broken.running == 1
+
+
+def test_local_mode_points_every_worker_at_the_parents_embedded_fleet() -> None:
+    from fleetenv.fleet.backend import local_fleet
+
+    with Runner(workers=2, config=resolve_config(environ={}), events=EventBus(sinks=[]),
+                progress=False) as runner:
+        embedded = local_fleet()
+        config = pickle.loads(pickle.dumps(runner.config))  # as a worker process gets it
+        assert (config.use_local, config.base_url) == (False, embedded.base_url)
+        assert config.api_key is not None
+        assert config.api_key.get_secret_value() == embedded.token
+        assert embedded.token not in repr(runner.config)
+        (result,) = list(runner.run(_tool_use_tasks(1), "reference"))
+    assert result.reward == 1.0, result.error
+    assert _created_with_tag(embedded, runner.run_tag) == [result.instance_id]

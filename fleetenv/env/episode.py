@@ -272,10 +272,14 @@ class FleetEnv:
         ``{"tool", "params", "done"}``, ``FinalAnswer(...)`` or ``Done()``."""
         return run_sync(self._step_plan(action))
 
-    def close(self, *, grade: bool = True) -> None:
+    def close(self, *, grade: bool = True, reason: str | None = None) -> None:
         """Grade an unfinished episode (unless ``grade=False``), close MCP sessions and
-        delete the instance. Idempotent; safe from any thread."""
-        run_sync(self._close_plan(grade))
+        delete the instance. Idempotent; safe from any thread.
+
+        ``reason`` is the stop reason recorded for an episode that had not ended
+        (default ``"abandoned"`` when graded, ``"interrupted"`` when not).
+        """
+        run_sync(self._close_plan(grade, reason))
 
     def __enter__(self) -> FleetEnv:
         return self
@@ -295,8 +299,8 @@ class FleetEnv:
     async def step_async(self, action: object) -> StepResult:
         return await run_async(self._step_plan(action))
 
-    async def close_async(self, *, grade: bool = True) -> None:
-        await run_async(self._close_plan(grade))
+    async def close_async(self, *, grade: bool = True, reason: str | None = None) -> None:
+        await run_async(self._close_plan(grade, reason))
 
     async def __aenter__(self) -> FleetEnv:
         return self
@@ -647,7 +651,7 @@ class FleetEnv:
 
     # ------------------------------------------------------------------ close
 
-    def _close_plan(self, grade: bool) -> Plan[None]:
+    def _close_plan(self, grade: bool, reason: str | None) -> Plan[None]:
         with self._lock:
             if self._closed:
                 return
@@ -655,9 +659,10 @@ class FleetEnv:
         try:
             if self._episode_active and not self._completed:
                 if grade and self._stop_reason is None and self._instance is not None:
-                    yield from self._finish_plan("abandoned")
+                    yield from self._finish_plan(reason or "abandoned")
                 else:
-                    self._complete(self._stop_reason or "interrupted", grade=self._grade)
+                    self._complete(self._stop_reason or reason or "interrupted",
+                                   grade=self._grade)
         finally:
             router, self._router = self._router, None
             try:

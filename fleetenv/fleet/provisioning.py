@@ -8,6 +8,7 @@ must not stall other episodes' MCP traffic.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -103,9 +104,10 @@ class Provisioner:
         self.backoff = backoff or Backoff(base=1.0, cap=20.0)
         self.ready_timeout_s = ready_timeout_s
         self.delete_timeout_s = delete_timeout_s
-        # Set when a create failed in a way that may have created an instance anyway
-        # (timeout, dropped connection, 5xx): only then is a sweep at exit worth a request.
-        self._unsure_creates = False
+        # Run tags under which a create failed in a way that may have created an instance
+        # anyway (timeout, dropped connection, 5xx): only those are worth sweeping.
+        self._unsure_tags: set[str] = set()
+        self._unsure_lock = threading.Lock()
         REGISTRY.add_sweeper(self.sweep)
 
     def provision(self, request: ProvisionRequest, *,
@@ -150,7 +152,8 @@ class Provisioner:
                 if not isinstance(error, TransientProvisioningError):
                     raise error from exc
                 if not _never_sent(exc):
-                    self._unsure_creates = True
+                    with self._unsure_lock:
+                        self._unsure_tags.add(request.run_tag or RUN_ID)
                 delay = self.backoff.delay(attempt)
                 remaining = deadline.remaining()
                 if remaining is not None and remaining <= delay:
@@ -254,8 +257,33 @@ class Provisioner:
     def sweep_tag(self, run_tag: str) -> list[str]:
         """Delete every running instance tagged ``run_tag`` (a runner's cleanup after a
         cancelled run: it also reaches instances created by worker processes)."""
+        return self._delete_tagged(run_tag, skip=set())
+
+    def sweep(self, run_tag: str | None = None) -> list[str]:
+        """Delete leftovers of creates that failed after possibly creating an instance.
+
+        A dropped connection or a 5xx after the server created the instance leaves one in
+        Fleet's list that no episode knows. Sweeps ``run_tag`` (or every tag such a failure
+        happened under), skipping instances an episode still owns. Does nothing, and sends
+        nothing, when no such failure happened. Only sweep a tag when no create under it
+        can still be in flight (a runner after its last episode, or interpreter exit).
+        """
+        with self._unsure_lock:
+            tags = ({run_tag} & self._unsure_tags) if run_tag else set(self._unsure_tags)
         swept: list[str] = []
+        for tag in tags:
+            swept += self._delete_tagged(tag, skip=set(REGISTRY.live_ids()))
+            with self._unsure_lock:
+                self._unsure_tags.discard(tag)
+        if swept:
+            logger.info("swept %d leftover instance(s): %s", len(swept), ", ".join(swept))
+        return swept
+
+    def _delete_tagged(self, run_tag: str, *, skip: set[str]) -> list[str]:
+        deleted: list[str] = []
         for env in self.client.sdk.instances(status="running", run_id=run_tag):
+            if env.instance_id in skip:
+                continue  # owned by a running episode, which will delete it
             try:
                 self.client.sdk.delete(env.instance_id)
             except Exception as exc:
@@ -263,30 +291,8 @@ class Provisioner:
                     logger.warning("sweep could not delete %s: %s", env.instance_id, exc)
                     continue
             REGISTRY.discard(env.instance_id)
-            swept.append(env.instance_id)
-        return swept
-
-    def sweep(self) -> list[str]:
-        """Delete every running instance tagged with this process's run id.
-
-        Catches instances whose create answer never reached us (a dropped connection
-        after the server created it): they are in Fleet's list but not in our registry.
-        Does nothing unless such a create failure happened.
-        """
-        swept: list[str] = []
-        if not self._unsure_creates:
-            return swept
-        live = set(REGISTRY.live_ids())
-        for env in self.client.sdk.instances(status="running", run_id=RUN_ID):
-            if env.instance_id in live:
-                continue  # owned by a running episode, which will delete it
-            try:
-                self.client.sdk.delete(env.instance_id)
-            except Exception as exc:
-                logger.warning("sweep could not delete %s: %s", env.instance_id, exc)
-                continue
-            swept.append(env.instance_id)
-        return swept
+            deleted.append(env.instance_id)
+        return deleted
 
 
 def _never_sent(exc: BaseException) -> bool:

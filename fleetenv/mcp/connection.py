@@ -471,13 +471,22 @@ def _import_dependencies() -> None:
     _dependencies_loaded = True
 
 
+_loading: Any = None  # the asyncio future of the import in progress (loop thread only)
+
+
 async def _load_dependencies() -> None:
     """Import mcp, httpx2 and what mcp imports lazily (about half a second of CPU) in a
-    worker thread: an import on the loop thread would stall every other session."""
-    import anyio
+    short-lived thread: an import on the loop thread would stall every other session.
+    Concurrent first connections share that one import."""
+    import asyncio
 
-    if not _dependencies_loaded:
-        await anyio.to_thread.run_sync(_import_dependencies)
+    global _loading
+    if _dependencies_loaded:
+        return
+    if _loading is None or _loading.get_loop() is not asyncio.get_running_loop():
+        _loading = asyncio.ensure_future(
+            runtime.in_short_thread(_import_dependencies, name="fleetenv-import"))
+    await asyncio.shield(_loading)
 
 
 def _backoff(attempt: int) -> float:

@@ -47,12 +47,11 @@ def _build_shared_transport() -> httpx2.AsyncHTTPTransport:
 
 async def _shared_transport() -> httpx2.AsyncHTTPTransport:
     global _shared, _shared_generation
-    import anyio
-
     if _shared is None or _shared_generation != runtime.generation():
-        # Loading the SSL context takes tens of ms of CPU: do it in a worker thread so the
-        # loop keeps serving other sessions meanwhile.
-        built = await anyio.to_thread.run_sync(_build_shared_transport)
+        # Loading the SSL context takes tens of ms of CPU: do it in a short-lived thread so
+        # the loop keeps serving other sessions meanwhile.
+        built = await runtime.in_short_thread(_build_shared_transport,
+                                              name="fleetenv-http-pool")
         if _shared is None or _shared_generation != runtime.generation():  # lost no race
             if _shared is not None:
                 _abandoned.append(_shared)

@@ -144,7 +144,9 @@ def run_episode(
                 raise RolloutCancelled("the run was cancelled")
             asked = time.monotonic()
             reply = agent.act(PolicyContext(task=task, messages=list(messages),
-                                            tools=env.openai_tools, turn=turn))
+                                            tools=env.openai_tools, turn=turn,
+                                            instance_id=env.instance_id,
+                                            root_url=env.root_url))
             policy_s += time.monotonic() - asked
             turn += 1
             messages.append(reply.message)
@@ -166,7 +168,7 @@ def run_episode(
         if env is not None:
             # A failed or cancelled rollout is not graded: its reward would mean nothing.
             try:
-                env.close(grade=result.error is None)
+                env.close(grade=result.error is None, reason=result.stop_reason)
             finally:
                 if cancel is not None:
                     cancel.unregister(env)

@@ -23,7 +23,7 @@ from fleetenv.core.errors import ConfigurationError, FleetEnvError, redact
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event
 from fleetenv.core.tasks import Task
-from fleetenv.rollouts.episode import CancelToken, RolloutResult, run_episode
+from fleetenv.rollouts.episode import CancelToken, RolloutCancelled, RolloutResult, run_episode
 from fleetenv.rollouts.policy import Policy, PolicyContext, PolicySpec
 
 __all__ = [
@@ -111,13 +111,20 @@ def run_job(job: RolloutJob, *, events: EventBus | None = None,
     the parent (the runner sweeps its instances by tag instead).
     """
     settings = job.settings
+    if cancel is not None and cancel.is_set():  # picked up after the run was cancelled
+        return failed_result(job, RolloutCancelled("the run was cancelled before this "
+                                                   "rollout started"), stop_reason="cancelled")
     try:
         config = settings.effective_config()
     except Exception as exc:
         return failed_result(job, exc)
-    return run_episode(job.task, job.policy, config=config, sample=job.sample, events=events,
-                       max_steps=settings.max_steps, system_prompt=settings.system_prompt,
-                       cancel=cancel)
+    result = run_episode(job.task, job.policy, config=config, sample=job.sample,
+                         events=events, max_steps=settings.max_steps,
+                         system_prompt=settings.system_prompt, cancel=cancel)
+    if cancel is not None and cancel.is_set() and result.stop_reason == "error":
+        # The error is the cancellation's doing (its env was closed under a tool call).
+        result.stop_reason = "cancelled"
+    return result
 
 
 def run_job_collecting_events(job: RolloutJob) -> JobOutcome:

@@ -33,6 +33,10 @@ class PolicyContext:
     """The tools the agent may call, OpenAI function format."""
     turn: int
     """How many replies the policy gave before this one."""
+    instance_id: str | None = None
+    """The instance the episode runs on (for logs, traces, or tests that inject faults)."""
+    root_url: str | None = None
+    """The instance's root URL (some browser/computer-use prompts show the portal URL)."""
 
 
 @dataclass(frozen=True)

@@ -363,9 +363,11 @@ class Runner:
                 return
             self._cancelled = True
             running = list(self._running.values())
-        self._token.cancel()
+        # Queued rollouts first: closing the live envs frees workers, which would
+        # otherwise pick up the queued ones before they are cancelled.
         for future in running:
             future.cancel()
+        self._token.cancel()
         self._sweep()
 
     def _sweep(self) -> list[str]:

@@ -56,6 +56,7 @@ __all__ = [
     "check_generation",
     "generation",
     "in_loop_thread",
+    "in_short_thread",
     "remove_shutdown_hook",
     "shutdown",
     "start_service",
@@ -382,6 +383,32 @@ async def call_async(
             raise
         leaf.__suppress_context__ = True
         raise leaf  # noqa: B904 - the leaf is the real error; the group is noise
+
+
+async def in_short_thread(fn: Callable[[], T], *, name: str = "fleetenv-blocking") -> T:
+    """Await ``fn()`` run in a new thread that ends when ``fn`` returns.
+
+    For rare blocking work that must stay off the loop (a slow first import, building an
+    SSL context). anyio's ``to_thread`` would do it in a pooled worker that then idles
+    until the loop stops; a one-off thread leaves nothing behind.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def deliver(ok: bool, value: Any) -> None:
+        if not future.done():  # the awaiting task may have been cancelled meanwhile
+            (future.set_result if ok else future.set_exception)(value)
+
+    def target() -> None:
+        try:
+            result = fn()
+        except Exception as exc:
+            loop.call_soon_threadsafe(deliver, False, exc)
+        else:
+            loop.call_soon_threadsafe(deliver, True, result)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return await future
 
 
 async def start_service(

@@ -28,8 +28,8 @@ the threads named ``fleetenv-loop`` (must be exactly one).
     python tests/benchmarks/bench_rollouts.py [--episodes 64] [--calls 20] [--rounds 3]
         [--profile]
 
-``--profile`` runs one extra (a) round under a sampling profiler of the loop thread and a
-cProfile of one worker thread, and prints where the time goes. The last line printed is
+``--profile`` runs one extra (a) round with the loop thread under cProfile and a stack
+sampler, and prints where the time goes. The last line printed is
 one JSON object.
 """
 
@@ -294,36 +294,35 @@ def _short_path(filename: str) -> str:
 
 
 def profile_round(config: FleetConfig, episodes: int, calls: int) -> None:
+    """One more (a) round with the loop thread under cProfile (enabled from inside the
+    loop thread: cProfile profiles the thread that enables it) and the loop sampled, to
+    see where the client's CPU goes. Profiling slows the round; only shares matter."""
     import cProfile
+    import io
     import pstats
 
     profiler = cProfile.Profile()
-    profiled: list[bool] = []
-    lock = threading.Lock()
 
-    class ProfilingPolicy(BarrierPolicy):
-        """Profiles the first worker thread that reaches turn 1 until its episode ends."""
+    async def enable() -> None:
+        profiler.enable()
 
-        def act(self, context: PolicyContext) -> Reply:
-            with lock:
-                mine = context.turn == 1 and not profiled
-                if mine:
-                    profiled.append(True)
-            if mine:
-                profiler.enable()
-            reply = super().act(context)
-            if context.turn == self.calls:
-                profiler.disable()
-            return reply
+    async def disable() -> None:
+        profiler.disable()
 
-    policy = ProfilingPolicy(episodes, calls)
+    policy = BarrierPolicy(episodes, calls)
     with Runner(workers=episodes, config=config, events=EventBus(sinks=[]),
                 progress=False) as runner, LoopSampler() as sampler:
-        list(runner.run([TASK], policy, samples_per_task=episodes))
+        runtime.call(enable)
+        try:
+            list(runner.run([TASK], policy, samples_per_task=episodes))
+        finally:
+            runtime.call(disable)
     print(sampler.report())
-    print("\none worker thread (cProfile, cumulative):")
-    stats = pstats.Stats(profiler)
-    stats.sort_stats("cumulative").print_stats(20)
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(30)
+        print(f"\nloop thread, cProfile by {order}:")
+        print(text.getvalue()[-6000:])
 
 
 # ----------------------------------------------------------------------------- main
