@@ -257,7 +257,10 @@ class Provisioner:
     def sweep_tag(self, run_tag: str) -> list[str]:
         """Delete every running instance tagged ``run_tag`` (a runner's cleanup after a
         cancelled run: it also reaches instances created by worker processes)."""
-        return self._delete_tagged(run_tag, skip=set())
+        deleted = self._delete_tagged(run_tag, skip=set())
+        with self._unsure_lock:
+            self._unsure_tags.discard(run_tag)  # nothing under it is left to sweep
+        return deleted
 
     def sweep(self, run_tag: str | None = None) -> list[str]:
         """Delete leftovers of creates that failed after possibly creating an instance.

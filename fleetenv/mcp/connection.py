@@ -460,14 +460,31 @@ class MCPConnection:
 _dependencies_loaded = False
 
 
+class _QuietEndedSessions(logging.Filter):
+    """Drops mcp's warning when the DELETE that ends a session answers 404 or 410.
+
+    That answer means the server already ended the session (the instance was deleted or
+    expired, or the server forgot it): the outcome the DELETE asked for. Closing the
+    sessions of a finished episode hits it routinely; other failures still warn.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not message.startswith(("Session termination failed: 404",
+                                       "Session termination failed: 410"))
+
+
 def _import_dependencies() -> None:
     global _dependencies_loaded
     import httpx2  # noqa: F401
     import jsonschema.validators  # noqa: F401 - mcp imports it lazily to check tool output
     import mcp.client.streamable_http
-    import mcp.types  # noqa: F401
+    import mcp.types
     import referencing.exceptions  # noqa: F401 - likewise
 
+    transport_logger = logging.getLogger(mcp.client.streamable_http.__name__)
+    if not any(isinstance(f, _QuietEndedSessions) for f in transport_logger.filters):
+        transport_logger.addFilter(_QuietEndedSessions())
     _dependencies_loaded = True
 
 

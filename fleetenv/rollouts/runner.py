@@ -383,6 +383,16 @@ class Runner:
             logger.info("deleted %d instance(s) tagged %s", len(swept), self.run_tag)
         return swept
 
+    def _sweep_uncertain_creates(self) -> None:
+        """Leftovers of creates that failed after the server may have made the instance;
+        sends nothing unless such a failure happened under this run's tag."""
+        from fleetenv.fleet.backend import get_backend
+
+        try:
+            get_backend(self.config).provisioner.sweep(self.run_tag)
+        except Exception as exc:  # TTLs reap what a failed sweep left
+            logger.warning("could not sweep leftovers tagged %s: %s", self.run_tag, exc)
+
     def close(self, timeout: float | None = None) -> None:
         """Wait for running rollouts (at most ``timeout`` seconds, default: the longest an
         episode can take under this config), then shut down an executor the runner
@@ -405,6 +415,8 @@ class Runner:
             # After cancel(): again, for creates that finished during the first sweep.
             # After a lost worker: the instances it held have nobody left to delete them.
             self._sweep()
+        elif self._in_process and not not_done:
+            self._sweep_uncertain_creates()
         if self._owns_executor:
             self._executor.shutdown(wait=not not_done, cancel_futures=True)
         self._progress.close()
