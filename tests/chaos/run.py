@@ -29,7 +29,8 @@ turn. Then it checks, and prints:
 - every episode returned a result (a reward, or a typed error with a reason) within its
   deadline;
 - live instances at the end = 0 (asked of the control plane);
-- threads left in this process besides the event-loop thread = 0;
+- threads left in this process besides the event-loop thread = 0 (compared with the
+  threads alive before the run);
 - tool calls the server executed more than once for one logical call = 0;
 - rollouts started = rollouts completed (by reason);
 - wrong rewards = 0: every episode that ended normally with no tool error and a graded
@@ -171,9 +172,14 @@ def wrong_reward(plan: Plan, result: RolloutResult) -> str | None:
     return None
 
 
-def stray_threads() -> list[str]:
-    ours = {threading.main_thread().name, "fleetenv-loop"}
-    return sorted(t.name for t in threading.enumerate() if t.is_alive() and t.name not in ours)
+def stray_threads(before: set[threading.Thread]) -> list[str]:
+    """Threads alive now that were not before the run, besides the event-loop thread.
+
+    In a fresh ``python tests/chaos/run.py`` process ``before`` is just the main thread;
+    under pytest it also holds the threads of other tests' fixtures.
+    """
+    return sorted(t.name for t in threading.enumerate()
+                  if t.is_alive() and t not in before and t.name != "fleetenv-loop")
 
 
 def settle(check: Callable[[], list[str]], seconds: float = 10.0) -> list[str]:
@@ -190,6 +196,7 @@ def settle(check: Callable[[], list[str]], seconds: float = 10.0) -> list[str]:
 def run_chaos(episodes: int, workers: int, fault_rate: float, seed: int,
               *, log: Callable[[str], None] = print) -> dict[str, Any]:
     plans = plan_episodes(episodes, fault_rate, seed)
+    threads_before = set(threading.enumerate())
     bus = EventBus(sinks=[])
     started = time.monotonic()
     with LocalFleet(in_process=False, verifier_timeout=VERIFIER_TIMEOUT_S,
@@ -213,7 +220,7 @@ def run_chaos(episodes: int, workers: int, fault_rate: float, seed: int,
         duplicates = {cid: seen for cid, seen in fleet.tool_calls_by_call_id().items()
                       if seen["count"] > 1}
     elapsed = time.monotonic() - started
-    strays = settle(stray_threads)
+    strays = settle(lambda: stray_threads(threads_before))
     report = bus.report()
     wrong = {}
     for plan in plans:
