@@ -30,10 +30,10 @@ def main() -> int:
 
         obs, reward, terminated, truncated, info = env.step(
             ToolCall("get_ticket", {"ticket_id": 1124}))
-        print(f"get_ticket -> {obs.text[:100]}...")
+        print("get_ticket ->", " ".join(obs.text.split())[:100], "...")
 
         obs, *_ = env.step(ToolCall("list_agents", {"team": "technical"}))
-        print(f"list_agents -> {obs.text[:100]}...")
+        print("list_agents ->", " ".join(obs.text.split())[:100], "...")
 
         obs, *_ = env.step(ToolCall("update_ticket", {
             "ticket_id": 1124, "assignee_email": "daniel.kim@helpdesk.example",

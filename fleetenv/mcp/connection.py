@@ -600,9 +600,9 @@ def _connect_error(
 
 
 def _close_all_at_shutdown() -> None:
-    """Shutdown hook: close every open session of this runtime, then the shared HTTP pool."""
+    """Shutdown hook: close every open session of this runtime (and with it its pool)."""
     current = runtime.generation()
-    if not any(c._generation == current for c in list(_open)) and not http.has_shared_client():
+    if not any(c._generation == current for c in list(_open)):
         return  # nothing of this process to close; do not start a loop just for that
     runtime.call(_aclose_all, timeout=_BACKSTOP_S * 2, name="close MCP sessions")
 
@@ -613,7 +613,6 @@ async def _aclose_all() -> None:
     async with anyio.create_task_group() as group:
         for connection in list(_open):
             group.start_soon(_aclose_quietly, connection)
-    await http.aclose_shared_client()
 
 
 async def _aclose_quietly(connection: MCPConnection) -> None:

@@ -9,10 +9,15 @@ stays light.
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mcp.server import MCPServer
 
 
 class AppError(ValueError):
@@ -43,6 +48,20 @@ def one(conn: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> dict[st
     return found[0] if found else None
 
 
+def one_or_fail(
+    conn: sqlite3.Connection, sql: str, args: Sequence[Any], missing: str
+) -> dict[str, Any]:
+    """The row a caller named by id, email or SKU; ``AppError(missing)`` if there is none.
+
+    ``missing`` should say what was not found and which tool lists the valid values, so a
+    model can recover on its own.
+    """
+    found = one(conn, sql, args)
+    if found is None:
+        raise AppError(missing)
+    return found
+
+
 def scalar(conn: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> Any:
     """The first column of the first row (``None`` when there is no row)."""
     row = conn.execute(sql, tuple(args)).fetchone()
@@ -58,3 +77,41 @@ def money(cents: int) -> str:
     """``123456 -> "$1,234.56"`` for display next to the exact ``*_cents`` value."""
     sign = "-" if cents < 0 else ""
     return f"{sign}${abs(cents) // 100:,}.{abs(cents) % 100:02d}"
+
+
+@dataclass
+class Where:
+    """A ``WHERE`` clause built from whichever optional filters a caller gave.
+
+    Tools and screens filter on a varying subset of their arguments; collecting each
+    condition together with its parameters keeps placeholders and values in step.
+    """
+
+    conditions: list[str] = field(default_factory=list)
+    args: list[Any] = field(default_factory=list)
+
+    def add(self, condition: str, *args: Any) -> None:
+        """AND ``condition`` (with one ``?`` per value in ``args``) onto the clause."""
+        self.conditions.append(condition)
+        self.args.extend(args)
+
+    def like(self, columns: Sequence[str], text: str) -> None:
+        """Match ``text`` (trimmed; SQLite's LIKE ignores ASCII case) in any of ``columns``."""
+        pattern = f"%{text.strip()}%"
+        matches = " OR ".join(f"{column} LIKE ?" for column in columns)
+        self.add(f"({matches})", *[pattern] * len(columns))
+
+    @property
+    def sql(self) -> str:
+        """``"WHERE a AND b"``, or ``""`` when no filter was given."""
+        return f"WHERE {' AND '.join(self.conditions)}" if self.conditions else ""
+
+
+def add_tools(server: MCPServer, tools: Iterable[Callable[..., Any]]) -> None:
+    """Register tool functions under their own names, each described by its docstring.
+
+    Tools are nested functions, so their docstrings carry the enclosing indentation;
+    ``inspect.cleandoc`` strips it so the model sees clean text.
+    """
+    for tool in tools:
+        server.add_tool(tool, description=inspect.cleandoc(tool.__doc__ or ""))

@@ -8,7 +8,6 @@ produces the same database.
 
 from __future__ import annotations
 
-import inspect
 import sqlite3
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -16,7 +15,17 @@ from pydantic import Field
 
 from fleetenv.local.apps.base import DbFactory
 from fleetenv.local.apps.helpdesk.data import NOW, TAGS
-from fleetenv.local.apps.toolkit import AppError, next_id, one, rows, scalar, tool_errors
+from fleetenv.local.apps.toolkit import (
+    AppError,
+    Where,
+    add_tools,
+    next_id,
+    one,
+    one_or_fail,
+    rows,
+    scalar,
+    tool_errors,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from mcp.server import MCPServer
@@ -44,17 +53,29 @@ LEFT JOIN agents a ON a.id = t.assignee_id
 
 def agent_by_email(conn: sqlite3.Connection, email: str) -> dict[str, Any]:
     """The agent with ``email`` or an error that says where to look."""
-    agent = one(conn, "SELECT * FROM agents WHERE lower(email) = lower(?)", [email.strip()])
-    if agent is None:
-        raise AppError(f"no agent with email {email!r}; call list_agents to see every agent")
-    return agent
+    return one_or_fail(
+        conn,
+        "SELECT * FROM agents WHERE lower(email) = lower(?)",
+        [email.strip()],
+        f"no agent with email {email!r}; call list_agents to see every agent",
+    )
+
+
+def active_agent_id(conn: sqlite3.Connection, email: str) -> int:
+    """The id of the agent with ``email``, who must still be active to take tickets."""
+    agent = agent_by_email(conn, email)
+    if not agent["active"]:
+        raise AppError(f"agent {agent['email']} is inactive; pick an active agent")
+    return int(agent["id"])
 
 
 def customer_by_email(conn: sqlite3.Connection, email: str) -> dict[str, Any]:
-    customer = one(conn, "SELECT * FROM customers WHERE lower(email) = lower(?)", [email.strip()])
-    if customer is None:
-        raise AppError(f"no customer with email {email!r}; search with find_customers")
-    return customer
+    return one_or_fail(
+        conn,
+        "SELECT * FROM customers WHERE lower(email) = lower(?)",
+        [email.strip()],
+        f"no customer with email {email!r}; search with find_customers",
+    )
 
 
 def tag_id(conn: sqlite3.Connection, name: str) -> int:
@@ -65,10 +86,22 @@ def tag_id(conn: sqlite3.Connection, name: str) -> int:
 
 
 def ticket_row(conn: sqlite3.Connection, ticket_id: int) -> dict[str, Any]:
-    ticket = one(conn, "SELECT * FROM tickets WHERE id = ?", [ticket_id])
-    if ticket is None:
-        raise AppError(f"no ticket #{ticket_id}; find ticket ids with search_tickets")
-    return ticket
+    return one_or_fail(
+        conn,
+        "SELECT * FROM tickets WHERE id = ?",
+        [ticket_id],
+        f"no ticket #{ticket_id}; find ticket ids with search_tickets",
+    )
+
+
+def status_and_priority(status: str | None, priority: str | None) -> Where:
+    """The filters ``search_tickets`` and ``ticket_stats`` share (``t`` is tickets)."""
+    where = Where()
+    if status:
+        where.add("t.status = ?", status)
+    if priority:
+        where.add("t.priority = ?", priority)
+    return where
 
 
 def ticket_detail(conn: sqlite3.Connection, ticket_id: int) -> dict[str, Any]:
@@ -220,40 +253,32 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
         get_ticket for the full ticket with its comments.
         """
         with tool_errors(), db() as conn:
-            where, args = [], []
-            if status:
-                where.append("t.status = ?")
-                args.append(status)
-            if priority:
-                where.append("t.priority = ?")
-                args.append(priority)
+            where = status_and_priority(status, priority)
             if assignee_email and unassigned:
                 raise AppError("use either assignee_email or unassigned=true, not both")
             if assignee_email:
-                where.append("t.assignee_id = ?")
-                args.append(agent_by_email(conn, assignee_email)["id"])
+                where.add("t.assignee_id = ?", agent_by_email(conn, assignee_email)["id"])
             if unassigned:
-                where.append("t.assignee_id IS NULL")
+                where.add("t.assignee_id IS NULL")
             if customer_email:
-                where.append("t.customer_id = ?")
-                args.append(customer_by_email(conn, customer_email)["id"])
+                where.add("t.customer_id = ?", customer_by_email(conn, customer_email)["id"])
             if tag:
-                where.append("t.id IN (SELECT ticket_id FROM ticket_tags WHERE tag_id = ?)")
-                args.append(tag_id(conn, tag))
+                where.add(
+                    "t.id IN (SELECT ticket_id FROM ticket_tags WHERE tag_id = ?)",
+                    tag_id(conn, tag),
+                )
             if text:
-                where.append("(t.subject LIKE ? OR t.description LIKE ?)")
-                args.extend([f"%{text.strip()}%"] * 2)
-            clause = f"WHERE {' AND '.join(where)}" if where else ""
+                where.like(("t.subject", "t.description"), text)
             order = {
                 "newest": "t.created_at DESC, t.id DESC",
                 "oldest": "t.created_at ASC, t.id ASC",
                 "priority": f"{_PRIORITY_ORDER}, t.created_at ASC, t.id ASC",
             }[sort]
-            total = scalar(conn, f"SELECT COUNT(*) FROM tickets t {clause}", args)
+            total = scalar(conn, f"SELECT COUNT(*) FROM tickets t {where.sql}", where.args)
             found = rows(
                 conn,
-                f"{_SUMMARY_SQL} {clause} ORDER BY {order} LIMIT ? OFFSET ?",
-                [*args, limit, offset],
+                f"{_SUMMARY_SQL} {where.sql} ORDER BY {order} LIMIT ? OFFSET ?",
+                [*where.args, limit, offset],
             )
             return {"total": total, "offset": offset, "tickets": found}
 
@@ -274,14 +299,11 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
     ) -> dict[str, Any]:
         """Find customers and their ticket counts (open means open or pending)."""
         with tool_errors(), db() as conn:
-            where, args = [], []
+            where = Where()
             if query:
-                where.append("(c.name LIKE ? OR c.email LIKE ? OR c.company LIKE ?)")
-                args.extend([f"%{query.strip()}%"] * 3)
+                where.like(("c.name", "c.email", "c.company"), query)
             if tier:
-                where.append("c.tier = ?")
-                args.append(tier)
-            clause = f"WHERE {' AND '.join(where)}" if where else ""
+                where.add("c.tier = ?", tier)
             found = rows(
                 conn,
                 f"""
@@ -289,9 +311,9 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                        COUNT(t.id) AS total_tickets,
                        COALESCE(SUM(t.status IN ('open', 'pending')), 0) AS open_tickets
                 FROM customers c LEFT JOIN tickets t ON t.customer_id = c.id
-                {clause} GROUP BY c.id ORDER BY c.name, c.id LIMIT ?
+                {where.sql} GROUP BY c.id ORDER BY c.name, c.id LIMIT ?
                 """,
-                [*args, limit],
+                [*where.args, limit],
             )
             return {"customers": found}
 
@@ -303,22 +325,20 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
     ) -> dict[str, Any]:
         """List support agents with their team, role and number of open/pending tickets."""
         with tool_errors(), db() as conn:
-            where, args = [], []
+            where = Where()
             if team:
-                where.append("a.team = ?")
-                args.append(team)
+                where.add("a.team = ?", team)
             if not include_inactive:
-                where.append("a.active = 1")
-            clause = f"WHERE {' AND '.join(where)}" if where else ""
+                where.add("a.active = 1")
             found = rows(
                 conn,
                 f"""
                 SELECT a.id, a.name, a.email, a.team, a.role, a.active,
                        COALESCE(SUM(t.status IN ('open', 'pending')), 0) AS open_tickets
                 FROM agents a LEFT JOIN tickets t ON t.assignee_id = a.id
-                {clause} GROUP BY a.id ORDER BY a.team, a.name
+                {where.sql} GROUP BY a.id ORDER BY a.team, a.name
                 """,
-                args,
+                where.args,
             )
             for agent in found:
                 agent["active"] = bool(agent["active"])
@@ -344,12 +364,7 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
         """Open a new ticket for an existing customer, optionally tagged and assigned."""
         with tool_errors(), db() as conn:
             customer = customer_by_email(conn, customer_email)
-            assignee_id = None
-            if assignee_email:
-                agent = agent_by_email(conn, assignee_email)
-                if not agent["active"]:
-                    raise AppError(f"agent {agent['email']} is inactive; pick an active agent")
-                assignee_id = agent["id"]
+            assignee_id = active_agent_id(conn, assignee_email) if assignee_email else None
             wanted: list[int] = []
             for name in tags:
                 found = tag_id(conn, name)
@@ -400,12 +415,7 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                 )
             if assignee_email and unassign:
                 raise AppError("use either assignee_email or unassign=true, not both")
-            assignee_id = None
-            if assignee_email:
-                agent = agent_by_email(conn, assignee_email)
-                if not agent["active"]:
-                    raise AppError(f"agent {agent['email']} is inactive; pick an active agent")
-                assignee_id = agent["id"]
+            assignee_id = active_agent_id(conn, assignee_email) if assignee_email else None
             return change_ticket(
                 conn,
                 ticket_id,
@@ -495,31 +505,26 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                 joins += (
                     " JOIN ticket_tags tt ON tt.ticket_id = t.id JOIN tags g ON g.id = tt.tag_id"
                 )
-            where, args = [], []
-            if status:
-                where.append("t.status = ?")
-                args.append(status)
-            if priority:
-                where.append("t.priority = ?")
-                args.append(priority)
-            clause = f"WHERE {' AND '.join(where)}" if where else ""
+            where = status_and_priority(status, priority)
             counts = rows(
                 conn,
-                f"SELECT {key} AS key, COUNT(*) AS count FROM tickets t {joins} {clause} "
+                f"SELECT {key} AS key, COUNT(*) AS count FROM tickets t {joins} {where.sql} "
                 "GROUP BY 1 ORDER BY 2 DESC, 1",
-                args,
+                where.args,
             )
             return {"group_by": group_by, "counts": counts}
 
-    for tool in (
-        search_tickets,
-        get_ticket,
-        find_customers,
-        list_agents,
-        create_ticket,
-        update_ticket,
-        add_comment,
-        set_tags,
-        ticket_stats,
-    ):
-        server.add_tool(tool, description=inspect.cleandoc(tool.__doc__ or ""))
+    add_tools(
+        server,
+        (
+            search_tickets,
+            get_ticket,
+            find_customers,
+            list_agents,
+            create_ticket,
+            update_ticket,
+            add_comment,
+            set_tags,
+            ticket_stats,
+        ),
+    )

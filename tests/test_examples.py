@@ -1,0 +1,38 @@
+"""Every example runs as a user would run it: a fresh interpreter, no Fleet key (so the
+embedded local Fleet), exit status 0 within its time limit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetenv.core.config import ENV_API_KEY, ENV_BASE_URL
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+# name -> (time limit in seconds, text the output must contain)
+CASES = {
+    "quickstart.py": (30, "reward=1.0"),
+    "custom_policy.py": (30, "reward=1.0 (graded)"),
+    "tinker_style_loop.py": (45, "step=1 episodes=16"),
+}
+
+
+def test_every_example_is_covered() -> None:
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_example_runs_against_the_local_fleet(name: str, tmp_path: Path) -> None:
+    limit, expected = CASES[name]
+    env = {k: v for k, v in os.environ.items()
+           if k not in (ENV_API_KEY, ENV_BASE_URL, "OPENAI_API_KEY")}
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=limit)
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert expected in proc.stdout
+    assert "Traceback" not in proc.stderr
