@@ -13,15 +13,13 @@ import json
 import shutil
 import sqlite3
 import statistics
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from _support.generate_tasks import build_seed, db_factory
 from fleet.verifiers.local_executor import execute_verifier_local
 from mcp import Client
 from mcp.server import MCPServer
@@ -45,38 +43,6 @@ STRAY_WRITE = {
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def build(spec: AppSpec, path: Path) -> float:
-    """Build the app's default seed into ``path``; return the build time in seconds."""
-    data_key, data_version = spec.default_data
-    with sqlite3.connect(path) as conn:
-        started = time.perf_counter()
-        spec.build_database(conn, data_key, data_version)
-        elapsed = time.perf_counter() - started
-        conn.commit()
-    conn.close()
-    return elapsed
-
-
-def db_factory(path: Path) -> DbFactory:
-    """The host's contract: one connection per unit of work, commit or roll back, serialised."""
-    lock = threading.Lock()
-
-    @contextmanager
-    def db() -> Iterator[sqlite3.Connection]:
-        with lock:
-            conn = sqlite3.connect(path)
-            try:
-                yield conn
-                conn.commit()
-            except Exception:
-                conn.rollback()
-                raise
-            finally:
-                conn.close()
-
-    return db
 
 
 def dump(path: Path) -> list[str]:
@@ -120,7 +86,7 @@ def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths = {}
     for key, spec in APPS.items():
         paths[key] = directory / f"{key}.sqlite"
-        build(spec, paths[key])
+        build_seed(paths[key], spec)
     return paths
 
 
@@ -142,8 +108,8 @@ def fresh(seeds: dict[str, Path], tmp_path: Path):  # type: ignore[no-untyped-de
 @pytest.mark.parametrize("app", sorted(APPS))
 def test_seed_is_deterministic_sized_and_keyed(app: str, tmp_path: Path) -> None:
     first, second = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
-    build(APPS[app], first)
-    build(APPS[app], second)
+    build_seed(first, APPS[app])
+    build_seed(second, APPS[app])
     assert dump(first) == dump(second)  # build time is measured in bench_local_start.py
     with sqlite3.connect(first) as conn:
         tables = [

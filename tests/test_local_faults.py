@@ -12,6 +12,7 @@ import fleet.exceptions
 import httpx
 import pytest
 from _support.fixtures_local import TEST_APPS
+from _support.waiting import wait_for
 
 from fleetenv.local import LocalFleet, LocalFleetError
 
@@ -23,18 +24,6 @@ def env(notes_client: Any) -> Any:
     instance = notes_client.make("notes")
     yield instance
     instance.close()
-
-
-def wait_for(predicate: Any, timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    pause = 0.01
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(pause)  # polling with backoff and a deadline
-        pause = min(pause * 2, 0.2)
 
 
 def test_http_error_on_manager_and_control_routes(
@@ -140,7 +129,8 @@ def test_ttl_expiry(notes_fleet: LocalFleet, notes_client: Any) -> None:
     assert env.status == "running"
     started = time.monotonic()
     stopped = wait_for(lambda: [i for i in notes_fleet.instances(status="stopped")
-                                if i["instance_id"] == env.instance_id])
+                                if i["instance_id"] == env.instance_id],
+                       what="the instance to expire")
     assert 0.9 <= time.monotonic() - started < 3
     assert stopped[0]["stop_reason"] == "expired (ttl_seconds=1)"
     assert httpx.get(f"{env.manager_url}/resources", timeout=5).status_code == 410

@@ -12,6 +12,7 @@ import time
 import pytest
 from _support.fixtures_mcp import RunningMCPServer
 from _support.mcp_servers import CallLog, ServerThread, build_full_server, wrap_app
+from _support.waiting import wait_for
 
 from fleetenv import runtime
 from fleetenv.core.errors import (
@@ -27,15 +28,6 @@ pytestmark = pytest.mark.timeout(20)
 
 async def task_names() -> set[str]:
     return {task.get_name() for task in asyncio.all_tasks()}
-
-
-def wait_until(predicate, deadline_s: float = 5.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    delay = 0.005
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
 
 
 @pytest.fixture
@@ -229,7 +221,7 @@ def test_server_restart_mid_session(caplog: pytest.LogCaptureFixture) -> None:
     second: ServerThread | None = None
     try:
         future = in_flight.call_tool_future("sleepy", {"seconds": 5})
-        wait_until(lambda: "sleepy" in [name for name, _ in log.calls])
+        wait_for(lambda: "sleepy" in [name for name, _ in log.calls], what="the sleepy call")
         first.stop()
         with pytest.raises(ToolCallMayHaveRunError) as info:
             future.result(timeout=10)

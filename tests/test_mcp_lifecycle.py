@@ -6,11 +6,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from _support.fixtures_mcp import RunningMCPServer
+from _support.waiting import wait_child
 
 from fleetenv.core.errors import FleetEnvError
 from fleetenv.mcp import MCPConnection
@@ -81,7 +81,7 @@ def test_forked_child_opens_its_own_session(mcp_server: RunningMCPServer) -> Non
             os._exit(0)
     os.close(write_fd)
     try:
-        assert wait_child(pid) == 0
+        assert wait_child(pid, timeout=20) == 0
         assert os.read(read_fd, 4096).decode() == "ok"
     finally:
         os.close(read_fd)
@@ -89,16 +89,3 @@ def test_forked_child_opens_its_own_session(mcp_server: RunningMCPServer) -> Non
     parent.close()
 
 
-def wait_child(pid: int, deadline_s: float = 20.0) -> int:
-    deadline = time.monotonic() + deadline_s
-    delay = 0.01
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            raise AssertionError("forked child hung")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)

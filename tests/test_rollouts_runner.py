@@ -13,11 +13,11 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pytest
+from _support.waiting import wait_for
 
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError
@@ -53,17 +53,6 @@ def _running_with_tag(fleet: LocalFleet, tag: str) -> list[str]:
 
 def _created_with_tag(fleet: LocalFleet, tag: str) -> list[str]:
     return [i["instance_id"] for i in fleet.instances() if i.get("run_id") == tag]
-
-
-def _wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    """Poll with a growing interval until ``condition`` holds, or fail naming ``what``."""
-    deadline = time.monotonic() + seconds
-    delay = 0.02
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.25)
 
 
 def _held_tool_calls(faults: Any) -> int:
@@ -208,7 +197,7 @@ def test_cancel_closes_live_episodes_and_leaves_no_instance(
     consumer = threading.Thread(target=lambda: results.extend(runner.run(tasks, REFERENCE)))
     consumer.start()
     try:
-        _wait_for(lambda: _held_tool_calls(local_faults) >= 3, 15, "3 held tool calls")
+        wait_for(lambda: _held_tool_calls(local_faults) >= 3, 15, "3 held tool calls")
         cancelled_at = time.monotonic()
         runner.cancel()
         runner.cancel()  # idempotent
@@ -259,7 +248,7 @@ def test_ctrl_c_during_a_run_leaves_no_live_instance(local_fleet: LocalFleet,
         assert child.stdout is not None
         line = child.stdout.readline()
         assert line.startswith("RUNNING"), (line, child.stderr.read() if child.stderr else "")
-        _wait_for(lambda: _held_tool_calls(local_faults) >= 2, 20, "2 held tool calls")
+        wait_for(lambda: _held_tool_calls(local_faults) >= 2, 20, "2 held tool calls")
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=30)
     finally:

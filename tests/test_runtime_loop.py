@@ -11,6 +11,7 @@ import time
 
 import anyio
 import pytest
+from _support.waiting import wait_child, wait_for
 
 from fleetenv import runtime
 from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, LoopThreadError
@@ -34,15 +35,6 @@ async def fail_in_group() -> None:
             raise ValueError("the leaf")
 
         group.start_soon(boom)
-
-
-def wait_until(predicate, deadline_s: float = 5.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    delay = 0.005
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
 
 
 def test_call_submit_and_the_thread() -> None:
@@ -105,9 +97,9 @@ def test_ctrl_c_cancels_the_loop_side_task() -> None:
 
 def test_future_cancel_cancels_the_task() -> None:
     future = runtime.submit(anyio.sleep, 10, name="cancel-me")
-    wait_until(lambda: "cancel-me" in runtime.call(task_names))
+    wait_for(lambda: "cancel-me" in runtime.call(task_names), what="the task to start")
     assert future.cancel()
-    wait_until(lambda: "cancel-me" not in runtime.call(task_names))
+    wait_for(lambda: "cancel-me" not in runtime.call(task_names), what="the task to end")
 
 
 def test_call_from_a_thread_that_runs_its_own_asyncio_loop() -> None:
@@ -137,7 +129,7 @@ def test_call_async_timeout_and_cancellation() -> None:
             await task
 
     asyncio.run(main())
-    wait_until(lambda: "awaited-sleep" not in runtime.call(task_names))
+    wait_for(lambda: "awaited-sleep" not in runtime.call(task_names), what="the sleep to end")
 
 
 def test_start_service_contains_late_failures() -> None:
@@ -211,21 +203,10 @@ def test_forked_child_gets_a_fresh_loop() -> None:
             os.write(write_fd, str(code).encode())
             os._exit(code)
     os.close(write_fd)
-    status = wait_child(pid)
+    status = wait_child(pid, timeout=15)
     report = os.read(read_fd, 16)
     os.close(read_fd)
     assert status == 0 and report == b"0"
     assert runtime.call(double, 2) == 4  # the parent is unaffected
 
 
-def wait_child(pid: int, deadline_s: float = 15.0) -> int:
-    deadline = time.monotonic() + deadline_s
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            raise AssertionError("forked child hung")
-        time.sleep(0.02)

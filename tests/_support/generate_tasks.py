@@ -32,7 +32,7 @@ from fleetenv.local.apps.helpdesk.ui import HelpdeskScreen
 from fleetenv.local.apps.shop.data import order_amounts
 from fleetenv.local.apps.shop.ui import ShopScreen
 
-__all__ = ["build_tasks", "main"]
+__all__ = ["build_seed", "build_tasks", "db_factory", "main"]
 
 Row = tuple[Any, ...]
 Call = dict[str, Any]
@@ -131,8 +131,12 @@ def submit(answer: str) -> Call:
     return call("submit_final_answer", answer=answer)
 
 
-def _build_seed(path: Path, spec: AppSpec) -> None:
-    """Write ``spec``'s default seed data set into a new SQLite file."""
+def build_seed(path: Path, spec: AppSpec) -> None:
+    """Write ``spec``'s default seed data set into a new SQLite file.
+
+    Tests that exercise the apps without a server build their seeds with this too, so
+    they check the very databases the bundled tasks were generated from.
+    """
     data_key, data_version = spec.default_data
     conn = sqlite3.connect(path)
     try:
@@ -142,8 +146,12 @@ def _build_seed(path: Path, spec: AppSpec) -> None:
         conn.close()
 
 
-def _db_factory(path: Path) -> DbFactory:
-    """A serialised connection-per-use factory, like the one fleetenv.local gives the apps."""
+def db_factory(path: Path) -> DbFactory:
+    """The host's contract: one connection per unit of work, commit or roll back, serialised.
+
+    Like the factory fleetenv.local gives the apps, so the UI and tools run here (and in
+    tests) exactly as they do behind a server.
+    """
     lock = threading.Lock()
 
     @contextmanager
@@ -171,7 +179,7 @@ class _Generator:
         self.tasks: list[Task] = []
         for key, spec in APPS.items():
             path = workdir / f"{key}.db"
-            _build_seed(path, spec)
+            build_seed(path, spec)
             self._dbs[key] = sqlite3.connect(path)
 
     def close(self) -> None:
@@ -230,7 +238,7 @@ class _Generator:
         """Drive the UI on a scratch copy to turn (target, value) clicks into coordinates."""
         path = self._workdir / f"ui-{app}.db"
         shutil.copyfile(self._workdir / f"{app}.db", path)
-        session = ComputerSession(_db_factory(path), screen())
+        session = ComputerSession(db_factory(path), screen())
         calls = [call("computer", action="screenshot")]
         session.act("screenshot")
         for step in steps:

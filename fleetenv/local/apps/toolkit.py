@@ -9,15 +9,11 @@ stays light.
 
 from __future__ import annotations
 
-import inspect
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mcp.server import MCPServer
+from typing import Any
 
 
 class AppError(ValueError):
@@ -46,20 +42,6 @@ def one(conn: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> dict[st
     """The first row of a query as a dict, or ``None``."""
     found = rows(conn, sql, args)
     return found[0] if found else None
-
-
-def one_or_fail(
-    conn: sqlite3.Connection, sql: str, args: Sequence[Any], missing: str
-) -> dict[str, Any]:
-    """The row a caller named by id, email or SKU; ``AppError(missing)`` if there is none.
-
-    ``missing`` should say what was not found and which tool lists the valid values, so a
-    model can recover on its own.
-    """
-    found = one(conn, sql, args)
-    if found is None:
-        raise AppError(missing)
-    return found
 
 
 def scalar(conn: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> Any:
@@ -105,13 +87,3 @@ class Where:
     def sql(self) -> str:
         """``"WHERE a AND b"``, or ``""`` when no filter was given."""
         return f"WHERE {' AND '.join(self.conditions)}" if self.conditions else ""
-
-
-def add_tools(server: MCPServer, tools: Iterable[Callable[..., Any]]) -> None:
-    """Register tool functions under their own names, each described by its docstring.
-
-    Tools are nested functions, so their docstrings carry the enclosing indentation;
-    ``inspect.cleandoc`` strips it so the model sees clean text.
-    """
-    for tool in tools:
-        server.add_tool(tool, description=inspect.cleandoc(tool.__doc__ or ""))

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from fleetenv.local.apps.toolkit import AppError
+from fleetenv.local.apps.seed import frozen_clock, require_data, stamp, unique_email
 
 #: The app's frozen "now". Tools stamp writes with it, so replays are byte-identical.
 NOW = "2025-06-02T09:30:00Z"
-_NOW_DT = datetime(2025, 6, 2, 9, 30, 0)
+_NOW_DT = frozen_clock(NOW)
 _RANDOM_SEED = 20250602
 
 DATA_KEY = "helpdesk-seed"
@@ -188,21 +188,13 @@ _RESOURCES = ("orders", "invoices", "users", "projects", "reports")
 _MONTHS = ("January", "February", "March", "April", "May")
 
 
-def _stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _email_local(name: str) -> str:
     return name.lower().replace("'", "").replace(" ", ".")
 
 
 def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -> None:
     """Create the schema and insert the seed rows (about 2,300 rows, tens of ms)."""
-    if data_key != DATA_KEY or data_version not in DATA_VERSIONS:
-        raise AppError(
-            f"helpdesk has no data {data_key}:{data_version}; "
-            f"available: {DATA_KEY}:{', '.join(DATA_VERSIONS)}"
-        )
+    require_data("helpdesk", data_key, data_version, DATA_KEY, DATA_VERSIONS)
     rng = random.Random(_RANDOM_SEED)
     conn.executescript(SCHEMA)
 
@@ -219,16 +211,10 @@ def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -
     for customer_id in range(1, 161):
         name = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}"
         company, domain = rng.choice(_COMPANIES)
-        local = _email_local(name)
-        email = f"{local}@{domain}"
-        suffix = 2
-        while email in used_emails:
-            email = f"{local}{suffix}@{domain}"
-            suffix += 1
-        used_emails.add(email)
+        email = unique_email(_email_local(name), domain, used_emails)
         tier = rng.choices(TIERS, weights=(5, 4, 2))[0]
         joined = _NOW_DT - timedelta(days=rng.randint(150, 900), minutes=rng.randint(0, 1439))
-        customers.append((customer_id, name, email, company, tier, _stamp(joined)))
+        customers.append((customer_id, name, email, company, tier, stamp(joined)))
     conn.executemany("INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?)", customers)
 
     conn.executemany("INSERT INTO tags VALUES (?, ?)", list(enumerate(TAGS, start=1)))
@@ -266,10 +252,10 @@ def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -
             assignee = rng.choice(active_by_team[team])
         touched = created + timedelta(minutes=rng.randint(5, max(age_minutes - 1, 6)))
         touched = min(touched, _NOW_DT)
-        resolved_at = _stamp(touched) if status in ("resolved", "closed") else None
+        resolved_at = stamp(touched) if status in ("resolved", "closed") else None
         tickets.append(
             (ticket_id, subject, description, customer[0], assignee, status, priority, channel,
-             _stamp(created), _stamp(touched), resolved_at)
+             stamp(created), stamp(touched), resolved_at)
         )  # fmt: skip
 
         extra_tags = ["vip"] if customer[4] == "enterprise" and rng.random() < 0.5 else []
@@ -288,10 +274,10 @@ def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -
             agent_turn = index % 2 == 0 and assignee is not None
             if agent_turn:
                 row = (comment_id, ticket_id, "agent", assignee, rng.choice(_AGENT_REPLIES),
-                       int(rng.random() < 0.2), _stamp(moment))  # fmt: skip
+                       int(rng.random() < 0.2), stamp(moment))  # fmt: skip
             else:
                 row = (comment_id, ticket_id, "customer", customer[0],
-                       rng.choice(_CUSTOMER_REPLIES), 0, _stamp(moment))  # fmt: skip
+                       rng.choice(_CUSTOMER_REPLIES), 0, stamp(moment))  # fmt: skip
             comments.append(row)
             comment_id += 1
 

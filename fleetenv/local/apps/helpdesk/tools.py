@@ -13,19 +13,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from fleetenv.local.apps.base import DbFactory
+from fleetenv.local.apps.base import DbFactory, add_tools
 from fleetenv.local.apps.helpdesk.data import NOW, TAGS
-from fleetenv.local.apps.toolkit import (
-    AppError,
-    Where,
-    add_tools,
-    next_id,
-    one,
-    one_or_fail,
-    rows,
-    scalar,
-    tool_errors,
-)
+from fleetenv.local.apps.toolkit import AppError, Where, next_id, one, rows, scalar, tool_errors
 
 if TYPE_CHECKING:  # pragma: no cover
     from mcp.server import MCPServer
@@ -53,29 +43,17 @@ LEFT JOIN agents a ON a.id = t.assignee_id
 
 def agent_by_email(conn: sqlite3.Connection, email: str) -> dict[str, Any]:
     """The agent with ``email`` or an error that says where to look."""
-    return one_or_fail(
-        conn,
-        "SELECT * FROM agents WHERE lower(email) = lower(?)",
-        [email.strip()],
-        f"no agent with email {email!r}; call list_agents to see every agent",
-    )
-
-
-def active_agent_id(conn: sqlite3.Connection, email: str) -> int:
-    """The id of the agent with ``email``, who must still be active to take tickets."""
-    agent = agent_by_email(conn, email)
-    if not agent["active"]:
-        raise AppError(f"agent {agent['email']} is inactive; pick an active agent")
-    return int(agent["id"])
+    agent = one(conn, "SELECT * FROM agents WHERE lower(email) = lower(?)", [email.strip()])
+    if agent is None:
+        raise AppError(f"no agent with email {email!r}; call list_agents to see every agent")
+    return agent
 
 
 def customer_by_email(conn: sqlite3.Connection, email: str) -> dict[str, Any]:
-    return one_or_fail(
-        conn,
-        "SELECT * FROM customers WHERE lower(email) = lower(?)",
-        [email.strip()],
-        f"no customer with email {email!r}; search with find_customers",
-    )
+    customer = one(conn, "SELECT * FROM customers WHERE lower(email) = lower(?)", [email.strip()])
+    if customer is None:
+        raise AppError(f"no customer with email {email!r}; search with find_customers")
+    return customer
 
 
 def tag_id(conn: sqlite3.Connection, name: str) -> int:
@@ -86,12 +64,10 @@ def tag_id(conn: sqlite3.Connection, name: str) -> int:
 
 
 def ticket_row(conn: sqlite3.Connection, ticket_id: int) -> dict[str, Any]:
-    return one_or_fail(
-        conn,
-        "SELECT * FROM tickets WHERE id = ?",
-        [ticket_id],
-        f"no ticket #{ticket_id}; find ticket ids with search_tickets",
-    )
+    ticket = one(conn, "SELECT * FROM tickets WHERE id = ?", [ticket_id])
+    if ticket is None:
+        raise AppError(f"no ticket #{ticket_id}; find ticket ids with search_tickets")
+    return ticket
 
 
 def status_and_priority(status: str | None, priority: str | None) -> Where:
@@ -102,6 +78,14 @@ def status_and_priority(status: str | None, priority: str | None) -> Where:
     if priority:
         where.add("t.priority = ?", priority)
     return where
+
+
+def active_agent_id(conn: sqlite3.Connection, email: str) -> int:
+    """The id of the agent with ``email``, who must still be active to take tickets."""
+    agent = agent_by_email(conn, email)
+    if not agent["active"]:
+        raise AppError(f"agent {agent['email']} is inactive; pick an active agent")
+    return int(agent["id"])
 
 
 def ticket_detail(conn: sqlite3.Connection, ticket_id: int) -> dict[str, Any]:

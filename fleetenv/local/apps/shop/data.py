@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from fleetenv.local.apps.toolkit import AppError
+from fleetenv.local.apps.seed import frozen_clock, require_data, stamp, unique_email
 
 #: The shop's frozen "now"; tools stamp writes with it so replays are byte-identical.
 NOW = "2025-06-02T09:30:00Z"
-_NOW_DT = datetime(2025, 6, 2, 9, 30, 0)
+_NOW_DT = frozen_clock(NOW)
 _RANDOM_SEED = 5_2025
 
 DATA_KEY = "shop-seed"
@@ -161,8 +161,9 @@ _COUPONS = (
 )  # fmt: skip
 
 
-def _stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+def _retry_domain(suffix: int) -> str:
+    """Spread repeated names over the mail domains instead of numbering one domain."""
+    return _DOMAINS[suffix % len(_DOMAINS)]
 
 
 def order_amounts(
@@ -183,11 +184,7 @@ def order_amounts(
 
 def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -> None:
     """Create the schema and insert the seed rows (about 1,400 rows, tens of ms)."""
-    if data_key != DATA_KEY or data_version not in DATA_VERSIONS:
-        raise AppError(
-            f"shop has no data {data_key}:{data_version}; "
-            f"available: {DATA_KEY}:{', '.join(DATA_VERSIONS)}"
-        )
+    require_data("shop", data_key, data_version, DATA_KEY, DATA_VERSIONS)
     rng = random.Random(_RANDOM_SEED)
     conn.executescript(SCHEMA)
 
@@ -202,7 +199,7 @@ def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -
             on_hand = rng.choice((0, 2, 4)) if rng.random() < 0.15 else rng.randint(8, 120)
             bin_code = f"{chr(65 + CATEGORIES.index(category))}{rng.randint(1, 12):02d}"
             restocked = _NOW_DT - timedelta(days=rng.randint(1, 60), minutes=rng.randint(0, 999))
-            inventory.append((product_id, on_hand, reorder, bin_code, _stamp(restocked)))
+            inventory.append((product_id, on_hand, reorder, bin_code, stamp(restocked)))
     conn.executemany("INSERT INTO products VALUES (?, ?, ?, ?, ?, ?)", products)
     conn.executemany("INSERT INTO inventory VALUES (?, ?, ?, ?, ?)", inventory)
 
@@ -211,17 +208,12 @@ def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -
     for customer_id in range(1, 201):
         first, last = rng.choice(_FIRST), rng.choice(_LAST)
         local = f"{first}.{last}".lower()
-        email = f"{local}@{rng.choice(_DOMAINS)}"
-        suffix = 2
-        while email in used:
-            email = f"{local}{suffix}@{_DOMAINS[suffix % len(_DOMAINS)]}"
-            suffix += 1
-        used.add(email)
+        email = unique_email(local, rng.choice(_DOMAINS), used, _retry_domain)
         city, country = rng.choice(_CITIES)
         tier = rng.choices(TIERS, weights=(6, 3, 1))[0]
         joined = _NOW_DT - timedelta(days=rng.randint(120, 1000), minutes=rng.randint(0, 1439))
         customers.append((customer_id, f"{first} {last}", email, city, country, tier,
-                          _stamp(joined)))  # fmt: skip
+                          stamp(joined)))  # fmt: skip
     conn.executemany("INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?, ?)", customers)
 
     coupons = [(i, code, pct, act, exp, mx, 0) for i, (code, pct, act, exp, mx)
@@ -259,15 +251,15 @@ def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -
         touched = min(placed + timedelta(minutes=rng.randint(5, 3 * 24 * 60)), _NOW_DT)
         if status == "pending":
             touched = placed
-        orders.append((order_id, customer[0], status, _stamp(placed), method, subtotal,
-                       discount, shipping, total, code, _stamp(touched)))  # fmt: skip
+        orders.append((order_id, customer[0], status, stamp(placed), method, subtotal,
+                       discount, shipping, total, code, stamp(touched)))  # fmt: skip
         if status == "refunded":
             reason = rng.choice(REFUND_REASONS)
-            refunds.append((len(refunds) + 1, order_id, total, reason, 0, None, _stamp(touched)))
+            refunds.append((len(refunds) + 1, order_id, total, reason, 0, None, stamp(touched)))
         elif status == "delivered" and rng.random() < 0.05:
             partial = max(items[-1][4] // 2, 100)
             refunds.append((len(refunds) + 1, order_id, partial, "damaged", 0,
-                            "Partial refund for a damaged item", _stamp(touched)))  # fmt: skip
+                            "Partial refund for a damaged item", stamp(touched)))  # fmt: skip
 
     conn.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", orders)
     conn.executemany("INSERT INTO order_items VALUES (?, ?, ?, ?, ?)", items)

@@ -7,16 +7,24 @@ out; a formatted ``"$1,234.56"`` string is added next to them for readability.
 
 from __future__ import annotations
 
-import inspect
 import re
 import sqlite3
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from fleetenv.local.apps.base import DbFactory
+from fleetenv.local.apps.base import DbFactory, add_tools
 from fleetenv.local.apps.shop.data import NOW, order_amounts
-from fleetenv.local.apps.toolkit import AppError, money, next_id, one, rows, scalar, tool_errors
+from fleetenv.local.apps.toolkit import (
+    AppError,
+    Where,
+    money,
+    next_id,
+    one,
+    rows,
+    scalar,
+    tool_errors,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from mcp.server import MCPServer
@@ -59,6 +67,11 @@ def product_by_sku(conn: sqlite3.Connection, sku: str) -> dict[str, Any]:
     if product is None:
         raise AppError(f"no product with SKU {sku!r}; find SKUs with search_products")
     return product
+
+
+def on_hand(conn: sqlite3.Connection, product_id: int) -> int:
+    """Units of a product in stock now."""
+    return int(scalar(conn, "SELECT on_hand FROM inventory WHERE product_id = ?", [product_id]))
 
 
 def customer_by_email(conn: sqlite3.Connection, email: str) -> dict[str, Any]:
@@ -241,21 +254,17 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
     ) -> dict[str, Any]:
         """Search the catalogue; each product comes with its price and on-hand stock."""
         with tool_errors(), db() as conn:
-            where, args = [], []
+            where = Where()
             if query:
-                where.append("(p.name LIKE ? OR p.sku LIKE ?)")
-                args.extend([f"%{query.strip()}%"] * 2)
+                where.like(("p.name", "p.sku"), query)
             if category:
-                where.append("p.category = ?")
-                args.append(category)
+                where.add("p.category = ?", category)
             if max_price_cents is not None:
-                where.append("p.price_cents <= ?")
-                args.append(max_price_cents)
+                where.add("p.price_cents <= ?", max_price_cents)
             if in_stock_only:
-                where.append("v.on_hand > 0")
+                where.add("v.on_hand > 0")
             if not include_inactive:
-                where.append("p.active = 1")
-            clause = f"WHERE {' AND '.join(where)}" if where else ""
+                where.add("p.active = 1")
             order = {
                 "name": "p.name",
                 "price_asc": "p.price_cents, p.name",
@@ -268,9 +277,9 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                 SELECT p.sku, p.name, p.category, p.price_cents, p.active,
                        v.on_hand, v.reorder_level
                 FROM products p JOIN inventory v ON v.product_id = p.id
-                {clause} ORDER BY {order} LIMIT ?
+                {where.sql} ORDER BY {order} LIMIT ?
                 """,
-                [*args, limit],
+                [*where.args, limit],
             )
             for product in found:
                 product["price"] = money(product["price_cents"])
@@ -312,14 +321,11 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
     ) -> dict[str, Any]:
         """Find customers with their order count and lifetime spend (non-cancelled orders)."""
         with tool_errors(), db() as conn:
-            where, args = [], []
+            where = Where()
             if query:
-                where.append("(c.name LIKE ? OR c.email LIKE ?)")
-                args.extend([f"%{query.strip()}%"] * 2)
+                where.like(("c.name", "c.email"), query)
             if tier:
-                where.append("c.loyalty_tier = ?")
-                args.append(tier)
-            clause = f"WHERE {' AND '.join(where)}" if where else ""
+                where.add("c.loyalty_tier = ?", tier)
             found = rows(
                 conn,
                 f"""
@@ -328,9 +334,9 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                        COALESCE(SUM(CASE WHEN o.status != 'cancelled' THEN o.total_cents END), 0)
                            AS lifetime_spend_cents
                 FROM customers c LEFT JOIN orders o ON o.customer_id = c.id
-                {clause} GROUP BY c.id ORDER BY c.name, c.id LIMIT ?
+                {where.sql} GROUP BY c.id ORDER BY c.name, c.id LIMIT ?
                 """,
-                [*args, limit],
+                [*where.args, limit],
             )
             return {"customers": found}
 
@@ -355,26 +361,21 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
         with tool_errors(), db() as conn:
             _check_date(placed_from, "placed_from")
             _check_date(placed_to, "placed_to")
-            where, args = [], []
+            where = Where()
             if customer_email:
-                where.append("o.customer_id = ?")
-                args.append(customer_by_email(conn, customer_email)["id"])
+                where.add("o.customer_id = ?", customer_by_email(conn, customer_email)["id"])
             if status:
-                where.append("o.status = ?")
-                args.append(status)
+                where.add("o.status = ?", status)
             if placed_from:
-                where.append("substr(o.placed_at, 1, 10) >= ?")
-                args.append(placed_from)
+                where.add("substr(o.placed_at, 1, 10) >= ?", placed_from)
             if placed_to:
-                where.append("substr(o.placed_at, 1, 10) <= ?")
-                args.append(placed_to)
-            clause = f"WHERE {' AND '.join(where)}" if where else ""
+                where.add("substr(o.placed_at, 1, 10) <= ?", placed_to)
             order = {
                 "newest": "o.placed_at DESC, o.id DESC",
                 "oldest": "o.placed_at, o.id",
                 "total_desc": "o.total_cents DESC, o.id",
             }[sort]
-            total = scalar(conn, f"SELECT COUNT(*) FROM orders o {clause}", args)
+            total = scalar(conn, f"SELECT COUNT(*) FROM orders o {where.sql}", where.args)
             found = rows(
                 conn,
                 f"""
@@ -382,9 +383,9 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                        c.email AS customer_email, o.total_cents,
                        (SELECT SUM(quantity) FROM order_items WHERE order_id = o.id) AS units
                 FROM orders o JOIN customers c ON c.id = o.customer_id
-                {clause} ORDER BY {order} LIMIT ? OFFSET ?
+                {where.sql} ORDER BY {order} LIMIT ? OFFSET ?
                 """,
-                [*args, limit, offset],
+                [*where.args, limit, offset],
             )
             for row in found:
                 row["total"] = money(row["total_cents"])
@@ -421,12 +422,10 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                 product = product_by_sku(conn, line.sku)
                 if not product["active"]:
                     raise AppError(f"{product['sku']} ({product['name']}) is discontinued")
-                on_hand = scalar(
-                    conn, "SELECT on_hand FROM inventory WHERE product_id = ?", [product["id"]]
-                )
-                if on_hand < line.quantity:
+                in_stock = on_hand(conn, product["id"])
+                if in_stock < line.quantity:
                     raise AppError(
-                        f"only {on_hand} of {product['sku']} ({product['name']}) in stock, "
+                        f"only {in_stock} of {product['sku']} ({product['name']}) in stock, "
                         f"{line.quantity} requested"
                     )
                 priced.append((product, line.quantity))
@@ -538,19 +537,17 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                 seen.add(product["sku"])
                 if change.delta == 0:
                     raise AppError(f"delta for {product['sku']} is 0; nothing to change")
-                on_hand = scalar(
-                    conn, "SELECT on_hand FROM inventory WHERE product_id = ?", [product["id"]]
-                )
-                if on_hand + change.delta < 0:
+                before = on_hand(conn, product["id"])
+                if before + change.delta < 0:
                     raise AppError(
-                        f"{product['sku']} has {on_hand} on hand; cannot remove {-change.delta}"
+                        f"{product['sku']} has {before} on hand; cannot remove {-change.delta}"
                     )
                 conn.execute(
                     "UPDATE inventory SET on_hand = ?, updated_at = ? WHERE product_id = ?",
-                    [on_hand + change.delta, NOW, product["id"]],
+                    [before + change.delta, NOW, product["id"]],
                 )
                 result.append(
-                    {"sku": product["sku"], "before": on_hand, "after": on_hand + change.delta}
+                    {"sku": product["sku"], "before": before, "after": before + change.delta}
                 )
             return {"reason": reason, "adjusted": result}
 
@@ -580,16 +577,18 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
             )
             return one(conn, "SELECT * FROM coupons WHERE id = ?", [coupon_id]) or {}
 
-    for tool in (
-        search_products,
-        get_product,
-        find_customers,
-        list_orders,
-        get_order,
-        place_order,
-        update_order_status,
-        refund_order,
-        adjust_inventory,
-        create_coupon,
-    ):
-        server.add_tool(tool, description=inspect.cleandoc(tool.__doc__ or ""))
+    add_tools(
+        server,
+        (
+            search_products,
+            get_product,
+            find_customers,
+            list_orders,
+            get_order,
+            place_order,
+            update_order_status,
+            refund_order,
+            adjust_inventory,
+            create_coupon,
+        ),
+    )
