@@ -1,4 +1,5 @@
-"""Ctrl-C during a step, in a real subprocess: the process exits and leaves no live instance."""
+"""Ctrl-C or SIGTERM during a step, in a real subprocess: the process exits and leaves no
+live instance."""
 
 from __future__ import annotations
 
@@ -32,25 +33,41 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_ctrl_c_during_step_leaves_no_live_instance(local_fleet: LocalFleet,
-                                                    local_faults: Any) -> None:
-    local_faults.add("tool_hang")
-    env = dict(os.environ, T_KEY=local_fleet.token, T_URL=local_fleet.base_url)
+def interrupt_mid_step(fleet: LocalFleet, faults: Any, signum: int) -> tuple[str, str, str]:
+    """Run SCRIPT in a child, send ``signum`` while its tool call is held by the server;
+    return the instance id and the child's stdout and stderr."""
+    faults.add("tool_hang")
+    env = dict(os.environ, T_KEY=fleet.token, T_URL=fleet.base_url)
     child = subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert child.stdout is not None
         line = child.stdout.readline()
         assert line.startswith("STEPPING"), (line, child.stderr.read() if child.stderr else "")
-        instance_id = line.split()[1]
-        # Interrupt once the server holds the call (or after 10 s, and let the asserts judge).
-        poll_until(lambda: local_faults.list()[0].get("hits"), timeout=10)
-        child.send_signal(signal.SIGINT)
+        # Signal once the server holds the call (or after 10 s, and let the asserts judge).
+        poll_until(lambda: faults.list()[0].get("hits"), timeout=10)
+        child.send_signal(signum)
         out, err = child.communicate(timeout=30)
     finally:
         if child.poll() is None:
             child.kill()
+    return line.split()[1], out, err
+
+
+def status_of(fleet: LocalFleet, instance_id: str) -> str:
+    return {i["instance_id"]: i["status"] for i in fleet.instances()}[instance_id]
+
+
+def test_ctrl_c_during_step_leaves_no_live_instance(local_fleet: LocalFleet,
+                                                    local_faults: Any) -> None:
+    instance_id, out, err = interrupt_mid_step(local_fleet, local_faults, signal.SIGINT)
     assert "UNREACHABLE" not in out
     assert "KeyboardInterrupt" in err
-    statuses = {i["instance_id"]: i["status"] for i in local_fleet.instances()}
-    assert statuses[instance_id] == "stopped"
+    assert status_of(local_fleet, instance_id) == "stopped"
+
+
+def test_sigterm_during_step_leaves_no_live_instance(local_fleet: LocalFleet,
+                                                     local_faults: Any) -> None:
+    instance_id, out, _ = interrupt_mid_step(local_fleet, local_faults, signal.SIGTERM)
+    assert "UNREACHABLE" not in out
+    assert status_of(local_fleet, instance_id) == "stopped"

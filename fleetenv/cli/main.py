@@ -1,7 +1,7 @@
 """Entry point of the ``fleetenv`` command.
 
 Each subcommand lives in its own module of this package and exposes
-``add_parser(subparsers)`` and ``run(args) -> int``. Modules are imported only when
+``add_parser(subparsers, name, help)`` and ``run(args) -> int``. Modules are imported only when
 their command runs, so ``fleetenv --help`` stays fast.
 
 Errors from fleetenv are printed as one readable line; ``--debug`` shows the traceback.
