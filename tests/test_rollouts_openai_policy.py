@@ -174,6 +174,11 @@ def test_reference_replayed_one_call_per_reply_then_text_scores_1(model_server, 
     assert result.transcript[5] == {"role": "assistant", "content": "All done."}
     assert model.headers[0]["Authorization"] == f"Bearer {KEY}"
     assert_no_key(result)
+    # Per reply, what a trainer filters on: why the model stopped, and the tokens.
+    assert [m["finish_reason"] for m in result.turn_meta] == ["tool_calls", "tool_calls",
+                                                              "stop"]
+    assert result.turn_meta[0]["usage"] == {"prompt_tokens": 100, "completion_tokens": 10,
+                                            "total_tokens": 110}
 
 
 @pytest.mark.timeout(30)

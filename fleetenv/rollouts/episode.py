@@ -51,6 +51,9 @@ class RolloutResult:
     verifier_execution_id: str | None = None
     error: dict[str, str] | None = None
     """``{"type": ..., "message": ...}`` when the rollout failed."""
+    turn_meta: list[dict[str, Any]] = field(default_factory=list)
+    """Per policy reply, what the policy reported (an OpenAI-compatible policy: the
+    ``finish_reason`` and token ``usage``); empty for policies that report nothing."""
     transcript: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -150,6 +153,8 @@ def run_episode(
             policy_s += time.monotonic() - asked
             turn += 1
             messages.append(reply.message)
+            if reply.meta:
+                result.turn_meta.append(dict(reply.meta))
             answered = {c.get("id") for c in reply.message.get("tool_calls") or []}
             for action in reply.actions:
                 observation, _, terminated, truncated, _ = env.step(action)

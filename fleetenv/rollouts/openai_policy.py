@@ -133,8 +133,8 @@ class OpenAIChatPolicy:
         return f"openai:{self.model}"
 
     def act(self, context: PolicyContext) -> Reply:
-        message = self.complete(context.messages, context.tools)
-        return reply_from_assistant_message(message, context.task)
+        message, meta = self._chat(context.messages, context.tools)
+        return reply_from_assistant_message(message, context.task, meta)
 
     def complete(self, messages: list[dict[str, Any]],
                  tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -144,6 +144,12 @@ class OpenAIChatPolicy:
         ``ConnectError`` (the server never answered, after the retries), or
         ``FleetEnvError`` (any other refusal or a malformed answer).
         """
+        return self._chat(messages, tools)[0]
+
+    def _chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The normalised assistant message, and the reply's ``finish_reason`` and
+        ``usage`` (a trainer filters replies cut by the token limit on them)."""
         data = self._post(self._request_body(messages, tools or []))
         choices = data.get("choices") if isinstance(data, Mapping) else None
         first = choices[0] if isinstance(choices, list) and choices else None
@@ -154,13 +160,16 @@ class OpenAIChatPolicy:
                               "choices[0].message", "check base_url points at an "
                               "OpenAI-compatible /v1 API", detail=_short(json.dumps(data)))
         usage = data.get("usage")
+        meta: dict[str, Any] = {"finish_reason": first.get("finish_reason")}
         if isinstance(usage, Mapping):
+            meta["usage"] = {name: value for name, value in usage.items()
+                             if isinstance(value, int)}
             with self._lock:
                 for name in ("prompt_tokens", "completion_tokens"):
                     value = usage.get(name)
                     if isinstance(value, int):
                         self._stats[name] += value
-        return normalize_assistant_message(message)
+        return normalize_assistant_message(message), meta
 
     def stats(self) -> dict[str, int]:
         """Counters since construction: ``requests`` (HTTP attempts), ``retries``,

@@ -45,6 +45,9 @@ class Reply:
 
     message: dict[str, Any]
     actions: tuple[Action, ...]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    """What the policy knows about this reply that trainers log (e.g. a model's
+    ``finish_reason`` and token ``usage``); kept per turn in ``RolloutResult.turn_meta``."""
 
     @classmethod
     def from_actions(cls, actions: Sequence[Action]) -> Reply:
@@ -132,7 +135,8 @@ def to_reply(value: Any, task: Task) -> Reply:
     return Reply.from_actions(actions)
 
 
-def reply_from_assistant_message(message: dict[str, Any], task: Task) -> Reply:
+def reply_from_assistant_message(message: dict[str, Any], task: Task,
+                                 meta: Mapping[str, Any] | None = None) -> Reply:
     """The actions an OpenAI assistant message stands for.
 
     Tool calls run in order. A reply without tool calls ends the episode: its text is the
@@ -148,7 +152,7 @@ def reply_from_assistant_message(message: dict[str, Any], task: Task) -> Reply:
             actions.append(FinalAnswer(text.strip()))
         else:
             actions.append(Done())
-    return Reply(message=message, actions=tuple(actions))
+    return Reply(message=message, actions=tuple(actions), meta=dict(meta or {}))
 
 
 def _text_of(content: Any) -> str:
