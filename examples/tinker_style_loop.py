@@ -90,19 +90,12 @@ def main() -> int:
             optimizer_step(advantages)
 
             summary = summarize(results, ks=(1, GROUP))
-            graded = [r.reward for r in results if r.reward is not None]
             metrics = {
                 "step": step,
                 "episodes": len(results),
-                "reward/mean": summary.mean_reward,
-                f"reward/pass_at_{GROUP}": summary.pass_at_k[-1].value,
-                "reward/variance_per_prompt": summary.mean_reward_variance,
-                "reward/signal_ratio": summary.nonzero_variance_share,
-                "reward/ungraded": len(results) - len(graded),
+                **summary.to_metrics(),  # reward/mean, reward/pass_at_k, signal_ratio, ...
                 "train/groups_with_signal": sum(
                     any(a != 0 for _, a in adv) for adv in advantages.values()),
-                "rollout/tool_calls": summary.tool_calls,
-                "rollout/tool_error_rate": summary.tool_error_rate,
                 "time/rollouts_s": round(elapsed, 2),
             }
             print(" ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))

@@ -152,3 +152,19 @@ def test_summary_of_nothing_graded_has_no_numbers_not_zeros() -> None:
 def test_summarize_rejects_bad_k() -> None:
     with pytest.raises(MetricsError, match="k >= 1"):
         summarize(_batch(), ks=(0,))
+
+
+def test_to_metrics_is_flat_named_and_leaves_out_undefined_values() -> None:
+    metrics = summarize(_batch(), ks=(1, 3)).to_metrics()
+    assert metrics["reward/mean"] == pytest.approx(0.375)
+    assert metrics["reward/pass_at_1"] == pytest.approx((0.6 + 0.0 + 0.5) / 3)
+    assert metrics["reward/pass_at_3"] == pytest.approx(0.5)
+    assert metrics["reward/signal_ratio"] == pytest.approx(2 / 3)
+    assert (metrics["reward/graded"], metrics["reward/ungraded"]) == (12.0, 2.0)
+    assert metrics["rollout/tool_error_rate"] == pytest.approx(2 / 28)
+    assert metrics["reward/e2/mean"] == pytest.approx(0.75)
+    assert all(isinstance(v, float) for v in metrics.values())
+    # Nothing graded: the reward means are undefined, so they are absent, not 0.
+    empty = summarize([_result("D", "e2", None, index=1, error="X")]).to_metrics()
+    assert "reward/mean" not in empty and "reward/pass_rate" not in empty
+    assert empty["rollout/errors"] == 1.0

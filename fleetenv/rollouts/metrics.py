@@ -170,6 +170,35 @@ class Summary:
     total_s: Percentiles = field(default_factory=Percentiles)
     provision_s: Percentiles = field(default_factory=Percentiles)
 
+    def to_metrics(self) -> dict[str, float]:
+        """Flat ``name -> number`` for a trainer's logger (W&B, TensorBoard, Tinker's
+        ``ml_log``), with the names the Tinker and SkyRL Fleet loops log. Undefined values
+        (nothing graded) are left out rather than logged as 0.
+        """
+        values: dict[str, float | None] = {
+            "reward/mean": self.mean_reward,
+            "reward/pass_rate": self.pass_rate,
+            "reward/variance_per_prompt": self.mean_reward_variance,
+            "reward/signal_ratio": self.nonzero_variance_share,
+            "reward/graded": float(self.graded),
+            "reward/ungraded": float(self.ungraded),
+            "rollout/count": float(self.rollouts),
+            "rollout/errors": float(self.errors),
+            "rollout/tool_calls": float(self.tool_calls),
+            "rollout/tool_error_rate": self.tool_error_rate,
+            "time/total_s_p50": self.total_s.p50,
+            "time/total_s_p90": self.total_s.p90,
+            "time/provision_s_p50": self.provision_s.p50,
+        }
+        for p in self.pass_at_k:
+            values[f"reward/pass_at_{p.k}"] = p.value
+        for env in self.per_env:
+            values[f"reward/{env.env_key}/pass_rate"] = env.pass_rate
+            values[f"reward/{env.env_key}/mean"] = env.mean_reward
+            values[f"rollout/{env.env_key}/tool_error_rate"] = env.tool_error_rate
+            values[f"rollout/{env.env_key}/turns"] = env.mean_turns
+        return {name: float(value) for name, value in values.items() if value is not None}
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["pass_at_k"] = [dict(asdict(p), label=p.label) for p in self.pass_at_k]
