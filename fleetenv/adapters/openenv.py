@@ -23,7 +23,6 @@ result has images, or ``{"error": message}`` for a failed call.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from os import PathLike
 from typing import Any
@@ -199,8 +198,3 @@ def make_fleet_task_env(task_config: Mapping[str, Any] | Task, api_key: str | No
                         **kwargs: Any) -> FleetTaskEnv:
     """OpenEnv's factory name for :class:`FleetTaskEnv`."""
     return FleetTaskEnv(task_config, api_key=api_key, **kwargs)
-
-
-def dumps_observation(obs: Mapping[str, Any]) -> str:
-    """The observation as compact JSON without the (long) tool list, for logs."""
-    return json.dumps({k: v for k, v in obs.items() if k != "tools"}, default=str)

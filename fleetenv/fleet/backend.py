@@ -13,7 +13,7 @@ import hashlib
 import logging
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fleetenv.core.config import FleetConfig
 from fleetenv.fleet import limits
@@ -80,7 +80,7 @@ def _local_fleet() -> LocalFleet:
             fleet = LocalFleet()
             fleet.start()
             _local = fleet
-            apps = ", ".join(_app_keys(fleet))
+            apps = ", ".join(_app_keys())
             logger.info(
                 "no Fleet API key configured (FLEET_API_KEY): using the embedded local Fleet "
                 "at %s with its sample apps (%s)", fleet.base_url, apps,
@@ -88,7 +88,7 @@ def _local_fleet() -> LocalFleet:
         return _local
 
 
-def _app_keys(fleet: Any) -> list[str]:
+def _app_keys() -> list[str]:
     try:
         from fleetenv.local.apps import APPS
 

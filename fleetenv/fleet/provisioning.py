@@ -192,7 +192,7 @@ class Provisioner:
         )
         # From here on the instance exists: register it before anything else can fail.
         REGISTRY.add(LiveInstance(env.instance_id, request.env_spec,
-                                  lambda: self._delete_quietly(instance)))
+                                  lambda: self.delete(instance)))
         try:
             env = self._wait_until_running(env, deadline, request)
             env.resources()  # fleet-python's db() raises KeyError until this ran
@@ -242,9 +242,6 @@ class Provisioner:
                     instance=instance.instance_id, env=instance.env_key,
                 ) from exc
         self._forget(instance)
-
-    def _delete_quietly(self, instance: Instance) -> None:
-        self.delete(instance)
 
     def _forget(self, instance: Instance) -> None:
         if not instance.deleted:
