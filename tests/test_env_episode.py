@@ -290,3 +290,17 @@ def test_abandoned_episode_is_graded_at_close(local_fleet: LocalFleet) -> None:
     assert [c.reason for c in completed] == ["abandoned"]
     assert completed[0].grade_status == "graded" and completed[0].reward == 0.0
     assert env.reward == 0.0
+
+
+def test_a_failed_first_reset_reports_the_rollout_id_its_events_carry(
+        local_fleet: LocalFleet) -> None:
+    from fleetenv.rollouts.episode import run_episode
+
+    events: list[Any] = []
+    bus = EventBus(sinks=[events.append])
+    task = TASKS[0].replace(key="nowhere", env_key="no-such-env", env_version=None)
+    config = fleetenv.resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url)
+    result = run_episode(task, "reference", config=config, events=bus)
+    assert result.error is not None
+    (completed,) = [e for e in events if e.kind == "rollout_completed"]
+    assert completed.rollout_id == result.rollout_id

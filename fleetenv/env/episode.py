@@ -328,8 +328,9 @@ class FleetEnv:
         if self._episode_active and not self._completed:
             yield from self._finish_plan("abandoned")
         self._new_episode_state()
-        self._ref = RolloutRef(task_key=self.task.key, env_key=self.task.env_spec,
-                               instance_id=self.instance_id)
+        if self._episodes:  # the first episode keeps the id `rollout_id` showed before reset
+            self._ref = RolloutRef(task_key=self.task.key, env_key=self.task.env_spec,
+                                   instance_id=self.instance_id)
         self._episode_active = True
         self._episodes += 1
         self._emit(RolloutStarted, modality=self.task.modality)

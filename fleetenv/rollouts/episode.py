@@ -139,7 +139,6 @@ def run_episode(
         if cancel is not None:
             cancel.register(env)
         observation, _ = env.reset()
-        result.rollout_id = env.rollout_id
         messages.extend(observation.to_messages())
         turn = 0
         while not env.done:
