@@ -20,10 +20,8 @@ import json
 import sys
 from typing import Any
 
-from fleetenv import FinalAnswer, ToolCall, load_tasks
+from fleetenv import FinalAnswer, PolicyContext, ToolCall, load_tasks, run_episode
 from fleetenv.local.apps import bundled_tasks_path
-from fleetenv.rollouts.episode import run_episode
-from fleetenv.rollouts.policy import PolicyContext
 
 TASK_KEY = "helpdesk-busiest-agent"
 

@@ -30,12 +30,16 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from fleetenv import Done, ToolCall, load_tasks
+from fleetenv import (
+    Done,
+    PolicyContext,
+    RolloutResult,
+    Runner,
+    ToolCall,
+    load_tasks,
+    summarize,
+)
 from fleetenv.local.apps import bundled_tasks_path
-from fleetenv.rollouts.episode import RolloutResult
-from fleetenv.rollouts.metrics import summarize
-from fleetenv.rollouts.policy import PolicyContext
-from fleetenv.rollouts.runner import Runner
 
 STEPS = 2  # optimiser steps
 BATCH = 4  # tasks per step

@@ -1,7 +1,9 @@
 """fleetenv: blocking reset/step/close episodes on Fleet environments.
 
-The public API is re-exported here. Heavy modules (mcp, fleet-python, httpx) are imported
-only when a name that needs them is first used, so ``import fleetenv`` stays cheap.
+The public API is what ``__all__`` lists, plus the public modules ``fleetenv.errors``,
+``fleetenv.events``, ``fleetenv.mcp``, ``fleetenv.local`` and ``fleetenv.adapters``.
+Names are imported on first use, so ``import fleetenv`` stays cheap (no mcp, httpx or
+fleet-python until an episode needs them).
 """
 
 from __future__ import annotations
@@ -9,43 +11,46 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fleetenv._compat import MOVED_NAMES, install_module_aliases, moved_name
 from fleetenv._version import __version__
-from fleetenv.core.errors import (
-    ConfigurationError,
-    ConnectError,
-    DeadlineExceeded,
-    EpisodeStateError,
-    FleetEnvError,
-    InstanceGoneError,
-    InvalidActionError,
-    LoopThreadError,
-    PermanentProvisioningError,
-    ProvisioningError,
-    ToolArgumentsError,
-    ToolCallError,
-    ToolCallMayHaveRunError,
-    ToolError,
-    ToolNotFoundError,
-    TransientProvisioningError,
-    VerifierError,
-)
+from fleetenv.core.errors import FleetEnvError
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY: dict[str, str] = {
-    "FleetEnv": "fleetenv.env.episode",
+    # sessions and settings
+    "Session": "fleetenv.fleet.session",
+    "FleetConfig": "fleetenv.core.config",
+    "resolve_config": "fleetenv.core.config",
+    # tasks
+    "Task": "fleetenv.core.tasks",
+    "load_tasks": "fleetenv.core.task_files",
+    # episodes
+    "FleetEnv": "fleetenv.env.fleet_env",
     "Observation": "fleetenv.env.observation",
     "ToolCall": "fleetenv.env.actions",
     "FinalAnswer": "fleetenv.env.actions",
     "Done": "fleetenv.env.actions",
-    "Task": "fleetenv.core.tasks",
-    "load_tasks": "fleetenv.core.task_files",
-    "FleetConfig": "fleetenv.core.config",
-    "resolve_config": "fleetenv.core.config",
-    "EventBus": "fleetenv.core.event_bus",
-    "JsonlSink": "fleetenv.core.event_sinks",
-    "Grade": "fleetenv.fleet.verifier",
     "Tool": "fleetenv.mcp.tools",
     "ToolResult": "fleetenv.mcp.results",
+    "Grade": "fleetenv.fleet.verifier",
+    # vocabularies
+    "Modality": "fleetenv.core.vocabulary",
+    "StopReason": "fleetenv.core.vocabulary",
+    "GradeStatus": "fleetenv.core.vocabulary",
+    # rollouts, for trainers
+    "Runner": "fleetenv.rollouts.runner",
+    "run_episode": "fleetenv.rollouts.rollout",
+    "RolloutResult": "fleetenv.rollouts.rollout",
+    "PolicyContext": "fleetenv.rollouts.policy",
+    "Reply": "fleetenv.rollouts.policy",
+    "PolicySpec": "fleetenv.rollouts.policy",
+    "summarize": "fleetenv.rollouts.metrics",
+    "read_results": "fleetenv.rollouts.results",
+    "ResultsWriter": "fleetenv.rollouts.results",
+    # events
+    "EventBus": "fleetenv.core.event_bus",
+    "JsonlSink": "fleetenv.core.event_sinks",
+    # the embedded Fleet
     "LocalFleet": "fleetenv.local",
 }
 
@@ -55,60 +60,68 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.event_sinks import JsonlSink
     from fleetenv.core.task_files import load_tasks
     from fleetenv.core.tasks import Task
+    from fleetenv.core.vocabulary import GradeStatus, Modality, StopReason
     from fleetenv.env.actions import Done, FinalAnswer, ToolCall
-    from fleetenv.env.episode import FleetEnv
+    from fleetenv.env.fleet_env import FleetEnv
     from fleetenv.env.observation import Observation
+    from fleetenv.fleet.session import Session
     from fleetenv.fleet.verifier import Grade
     from fleetenv.local import LocalFleet
     from fleetenv.mcp.results import ToolResult
     from fleetenv.mcp.tools import Tool
+    from fleetenv.rollouts.metrics import summarize
+    from fleetenv.rollouts.policy import PolicyContext, PolicySpec, Reply
+    from fleetenv.rollouts.results import ResultsWriter, read_results
+    from fleetenv.rollouts.rollout import RolloutResult, run_episode
+    from fleetenv.rollouts.runner import Runner
+
+install_module_aliases()
 
 
 def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'fleetenv' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
+    if module_name is not None:
+        value = getattr(importlib.import_module(module_name), name)
+        globals()[name] = value
+        return value
+    if name in MOVED_NAMES:
+        return moved_name(name)
+    raise AttributeError(f"module 'fleetenv' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(__all__)
 
 
 __all__ = [
-    "ConfigurationError",
-    "ConnectError",
-    "DeadlineExceeded",
     "Done",
-    "EpisodeStateError",
     "EventBus",
     "FinalAnswer",
     "FleetConfig",
     "FleetEnv",
     "FleetEnvError",
     "Grade",
-    "InstanceGoneError",
-    "InvalidActionError",
+    "GradeStatus",
     "JsonlSink",
     "LocalFleet",
-    "LoopThreadError",
+    "Modality",
     "Observation",
-    "PermanentProvisioningError",
-    "ProvisioningError",
+    "PolicyContext",
+    "PolicySpec",
+    "Reply",
+    "ResultsWriter",
+    "RolloutResult",
+    "Runner",
+    "Session",
+    "StopReason",
     "Task",
     "Tool",
-    "ToolArgumentsError",
     "ToolCall",
-    "ToolCallError",
-    "ToolCallMayHaveRunError",
-    "ToolError",
-    "ToolNotFoundError",
     "ToolResult",
-    "TransientProvisioningError",
-    "VerifierError",
     "__version__",
     "load_tasks",
+    "read_results",
     "resolve_config",
+    "run_episode",
+    "summarize",
 ]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import fleetenv
+import fleetenv.errors
 from fleetenv.adapters.openenv import FleetTaskEnv, make_fleet_task_env
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
@@ -85,7 +86,7 @@ def test_from_json_file_picks_a_task(local_fleet: LocalFleet, tmp_path: Path) ->
     env = FleetTaskEnv.from_json_file(path, task_key=RAW_TASKS[1]["key"],
                                       api_key=local_fleet.token, base_url=local_fleet.base_url)
     assert env.task_config["key"] == RAW_TASKS[1]["key"]
-    with pytest.raises(fleetenv.ConfigurationError, match="3 tasks"):
+    with pytest.raises(fleetenv.errors.ConfigurationError, match="3 tasks"):
         FleetTaskEnv.from_json_file(path, api_key=local_fleet.token,
                                     base_url=local_fleet.base_url)
     env.close()  # never reset: nothing to delete, nothing to grade

@@ -128,7 +128,7 @@ def test_demo_ignores_a_fleet_key_and_says_so(monkeypatch: pytest.MonkeyPatch,
 
 def test_demo_names_the_unsolved_tasks() -> None:
     from fleetenv.cli.demo import unsolved_tasks
-    from fleetenv.rollouts.episode import RolloutResult
+    from fleetenv.rollouts.rollout import RolloutResult
 
     results = [
         RolloutResult("a", "helpdesk", sample=0, reward=1.0, grade_status="graded"),
@@ -286,7 +286,7 @@ def test_top_level_help_lists_commands_without_importing_the_stack() -> None:
              "from fleetenv.cli.main import main\n"
              "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
              "    main([])\n"
-             "heavy = [m for m in ('mcp', 'fleet', 'httpx2', 'fleetenv.env.episode')"
+             "heavy = [m for m in ('mcp', 'fleet', 'httpx2', 'fleetenv.env.fleet_env')"
              " if m in sys.modules]\n"
              "print(out.getvalue()); print('HEAVY', heavy)\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

@@ -111,8 +111,10 @@ def test_episode_deadline_defaults_to_the_ttl() -> None:
     assert config.episode_deadline_for("browser_use") == 1800.0
 
 
-def test_backoff_follows_base_and_cap() -> None:
-    backoff = resolve_config(retry_base_s=2, retry_cap_s=5).backoff()
+def test_a_sessions_backoff_follows_base_and_cap() -> None:
+    from fleetenv import Session
+
+    backoff = Session(retry_base_s=2, retry_cap_s=5).retry.backoff
     backoff.rng.seed(1)
     delays = [backoff.delay(n) for n in range(6)]
     assert 1.0 <= delays[0] <= 2.0

@@ -294,7 +294,7 @@ def test_abandoned_episode_is_graded_at_close(local_fleet: LocalFleet) -> None:
 
 def test_a_failed_first_reset_reports_the_rollout_id_its_events_carry(
         local_fleet: LocalFleet) -> None:
-    from fleetenv.rollouts.episode import run_episode
+    from fleetenv.rollouts.rollout import run_episode
 
     events: list[Any] = []
     bus = EventBus(sinks=[events.append])

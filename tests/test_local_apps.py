@@ -12,8 +12,6 @@ import base64
 import json
 import shutil
 import sqlite3
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -267,16 +265,11 @@ def test_computer_tool_returns_real_pngs_that_follow_state(fresh) -> None:  # ty
 
 
 @pytest.mark.parametrize("app, screen", [("helpdesk", HelpdeskScreen), ("shop", ShopScreen)])
-def test_ui_state_change_by_clicking_and_speed(app: str, screen: type, fresh) -> None:  # type: ignore[no-untyped-def]
+def test_ui_state_change_by_clicking(app: str, screen: type, fresh) -> None:  # type: ignore[no-untyped-def]
+    # How fast a screenshot renders is measured in tests/benchmarks/bench_screenshot.py.
     path = fresh(app)
     session = ComputerSession(db_factory(path), screen())
-    timings = []
-    for _ in range(5):
-        started = time.perf_counter()
-        session.act("screenshot")
-        timings.append(time.perf_counter() - started)
-    median_ms = statistics.median(timings) * 1000
-    assert median_ms < 100, f"a {app} screenshot took {median_ms:.0f} ms"
+    assert png_size(session.act("screenshot")) == (SCREEN_WIDTH, SCREEN_HEIGHT)
     before = dump(path)
     if app == "shop":  # only pending/paid orders have an enabled status button
         paid = next(s for s in session.hotspots() if s.target == "tab" and s.value == "Paid")

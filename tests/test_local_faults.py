@@ -84,6 +84,8 @@ def test_hang_never_blocks_shutdown() -> None:
         local.stop()
         stop_seconds = time.monotonic() - started
     worker.join(5)
+    # A hang bound, not a speed claim: stop() takes ~0.2 s here; 3 s is the server's 2 s
+    # graceful window plus slack, well short of its 10 s drain and 15 s join timeouts.
     assert stop_seconds < 3
     assert outcome and outcome[0] != 200  # dropped, not answered
 
@@ -130,8 +132,10 @@ def test_ttl_expiry(notes_fleet: LocalFleet, notes_client: Any) -> None:
     started = time.monotonic()
     stopped = wait_for(lambda: [i for i in notes_fleet.instances(status="stopped")
                                 if i["instance_id"] == env.instance_id],
-                       what="the instance to expire")
-    assert 0.9 <= time.monotonic() - started < 3
+                       timeout=10, what="the instance to expire")
+    # Not before its TTL (behaviour); the upper bound is a lateness bound with a generous
+    # margin (expiry comes ~1.0 s after make()), not a speed claim.
+    assert 0.9 <= time.monotonic() - started < 5
     assert stopped[0]["stop_reason"] == "expired (ttl_seconds=1)"
     assert httpx.get(f"{env.manager_url}/resources", timeout=5).status_code == 410
 

@@ -88,6 +88,8 @@ def test_stopped_instance_fails_fast_for_mcp(notes_client: Any) -> None:
             started = time.monotonic()
             with pytest.raises(MCPError):
                 await session.call_tool("list_notes", {})
+            # A hang bound, not a speed claim: the 410 comes back in milliseconds; 2 s is
+            # far short of the session's 10 s read timeout a hanging call would wait out.
             assert time.monotonic() - started < 2
 
     anyio.run(main)

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +67,7 @@ def test_root_logger_is_left_alone(notes_client: Any) -> None:
 def test_import_is_light_and_a_cold_start_serves() -> None:
     # How fast it starts is measured in tests/benchmarks/bench_local_start.py.
     probe = (
-        "import sys, time\n"
-        "t0 = time.perf_counter()\n"
+        "import sys\n"
         "import fleetenv, fleetenv.local\n"
         "heavy = sorted(m for m in ('mcp', 'fleet', 'uvicorn', 'starlette', 'httpx')\n"
         "               if m in sys.modules)\n"
@@ -79,15 +77,14 @@ def test_import_is_light_and_a_cold_start_serves() -> None:
         "    port = int(local.base_url.rsplit(':', 1)[1])\n"
         "    conn = http.client.HTTPConnection('127.0.0.1', port, timeout=5)\n"
         "    conn.request('GET', '/v1/env/', headers={'Authorization': 'Bearer ' + local.token})\n"
-        "    assert conn.getresponse().status == 200\n"
-        "    ready = time.perf_counter() - t0\n"
-        "print(heavy, ready)\n"
+        "    status = conn.getresponse().status\n"
+        "print(heavy, status)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=30, env=_child_env(), check=True).stdout.strip()
-    heavy, ready = out.rsplit(" ", 1)
+    heavy, status = out.rsplit(" ", 1)
     assert heavy == "[]"
-    assert float(ready) > 0
+    assert status == "200"
 
 
 def test_subprocess_mode_has_the_same_api() -> None:
@@ -152,10 +149,11 @@ def test_bundled_apps_are_served_by_the_shared_fixture(local_fleet: LocalFleet) 
                      headers={"Authorization": f"Bearer {local_fleet.token}"}).json()
     assert envs and all({"env_key", "versions", "default_version"} <= set(e) for e in envs)
     assert json.loads(json.dumps(envs)) == envs
-    started = time.monotonic()
+    # How fast make() provisions is measured in tests/benchmarks/bench_local_start.py.
     client = local_fleet.client()
     env = client.make(envs[0]["env_key"])
     try:
-        assert env.status == "running" and time.monotonic() - started < 5
+        assert env.status == "running"
+        assert client.instance(env.instance_id).status == "running"
     finally:
         env.close()

@@ -18,7 +18,6 @@ from fleetenv.core.tasks import Task
 from fleetenv.env.actions import Done, FinalAnswer, ToolCall
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
-from fleetenv.rollouts.episode import run_episode
 from fleetenv.rollouts.policy import (
     CallablePolicy,
     Policy,
@@ -32,6 +31,7 @@ from fleetenv.rollouts.policy import (
     reply_from_assistant_message,
     to_reply,
 )
+from fleetenv.rollouts.rollout import run_episode
 
 TASKS: dict[str, Task] = {t.key: t for t in fleetenv.load_tasks(bundled_tasks_path())}
 PLAIN = Task(key="plain", prompt="Retag ticket 7.", env_key="helpdesk")

@@ -12,8 +12,8 @@ from fleetenv.core.config import resolve_config
 from fleetenv.core.task_files import load_tasks
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
-from fleetenv.rollouts.episode import RolloutResult, run_episode
 from fleetenv.rollouts.results import ResultsFileError, ResultsWriter, iter_results, read_results
+from fleetenv.rollouts.rollout import RolloutResult, run_episode
 
 pytestmark = pytest.mark.timeout(30)
 

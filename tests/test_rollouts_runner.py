@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -68,6 +67,7 @@ def exit_worker_on_first_task(context: PolicyContext) -> Reply:
 
 def test_threads_run_every_bundled_task_and_yield_as_they_finish(
         local_fleet: LocalFleet) -> None:
+    # How fast such a batch runs is measured in tests/benchmarks/bench_runner_batch.py.
     tasks = _tasks()
     slow = tasks[0].key
     gate = threading.Event()
@@ -80,7 +80,6 @@ def test_threads_run_every_bundled_task_and_yield_as_they_finish(
         return REFERENCE.act(context)
 
     bus = EventBus(sinks=[])
-    started = time.monotonic()
     order: list[str] = []
     with Runner(workers=8, config=_config(local_fleet), events=bus, progress=False) as runner:
         for result in runner.run(tasks, policy):
@@ -90,7 +89,6 @@ def test_threads_run_every_bundled_task_and_yield_as_they_finish(
             assert result.reward == 1.0, (result.task_key, result.grade_status)
             assert result.stop_reason == "agent_done"
             assert result.instance_id and result.timings["total_s"] > 0
-    elapsed = time.monotonic() - started
     assert sorted(order) == sorted(t.key for t in tasks)
     assert order[0] != slow
     report = bus.report()
@@ -98,7 +96,6 @@ def test_threads_run_every_bundled_task_and_yield_as_they_finish(
     assert report.started == report.completed == len(tasks)
     assert report.by_reason == {"agent_done": len(tasks)}
     assert _running_with_tag(local_fleet, runner.run_tag) == []
-    assert elapsed < 30
 
 
 def test_process_pool_workers_use_the_parents_local_fleet(local_fleet: LocalFleet) -> None:
@@ -206,6 +203,8 @@ def test_cancel_closes_live_episodes_and_leaves_no_instance(
         took = time.monotonic() - cancelled_at
     finally:
         runner.close(timeout=20)
+    # A hang bound, not a speed claim: run() ends well under a second after cancel();
+    # 10 s only catches a cancel that waits for the held calls or some timeout to run out.
     assert took < 10
     # Five were submitted (three running, two queued); nothing new starts after cancel().
     assert len(results) == 5
@@ -265,7 +264,7 @@ def test_runner_checks_its_arguments_and_policies(local_fleet: LocalFleet) -> No
     with pytest.raises(ConfigurationError, match="workers"):
         Runner(workers=0, config=_config(local_fleet))
     with Runner(workers=1, config=_config(local_fleet), progress=False) as runner:
-        assert runner.config.run_tag == runner.run_tag
+        assert runner.run_tag.startswith("fleetenv-")
         with pytest.raises(ConfigurationError, match="unknown policy kind"):
             runner.run(_tasks()[:1], "no-such-kind")
         with pytest.raises(ConfigurationError, match="as a policy"):
@@ -324,14 +323,13 @@ def test_progress_is_silent_off_a_tty_and_never_raises() -> None:
 def test_local_mode_points_every_worker_at_the_parents_embedded_fleet() -> None:
     from fleetenv.fleet.backend import local_fleet
 
-    with Runner(workers=2, config=resolve_config(environ={}), events=EventBus(sinks=[]),
-                progress=False) as runner:
+    # A spawned worker process would start an embedded Fleet of its own unless the runner
+    # points it at this process's one: the instance must show up here.
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    with pool, Runner(workers=1, executor=pool, config=resolve_config(environ={}),
+                      events=EventBus(sinks=[]), progress=False) as runner:
         embedded = local_fleet()
-        config = pickle.loads(pickle.dumps(runner.config))  # as a worker process gets it
-        assert (config.use_local, config.base_url) == (False, embedded.base_url)
-        assert config.api_key is not None
-        assert config.api_key.get_secret_value() == embedded.token
-        assert embedded.token not in repr(runner.config)
+        assert embedded.token not in repr(runner) and embedded.token not in repr(runner.config)
         (result,) = list(runner.run(_tool_use_tasks(1), "reference"))
     assert result.reward == 1.0, result.error
     assert _created_with_tag(embedded, runner.run_tag) == [result.instance_id]

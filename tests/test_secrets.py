@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import fleetenv
+import fleetenv.errors
 from fleetenv import FleetEnv, JsonlSink
 from fleetenv.core.event_bus import EventBus
 from fleetenv.local import LocalFleet
@@ -77,7 +78,7 @@ def test_keys_appear_in_no_log_event_repr_error_or_results_file(
         wrong = fleetenv.resolve_config(api_key=WRONG_KEY, base_url=local.base_url)
         with FleetEnv(tasks[0], config=wrong, events=bus) as env:
             texts.append(repr(env))
-            with pytest.raises(fleetenv.PermanentProvisioningError) as info:
+            with pytest.raises(fleetenv.errors.PermanentProvisioningError) as info:
                 env.reset()
             texts += [str(info.value), repr(info.value), repr(info.value.__cause__)]
         from fleetenv.rollouts.openai_policy import OpenAIChatPolicy

@@ -29,7 +29,7 @@ from typing import Any
 
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task, select_tasks
-from fleetenv.env.episode import FleetEnv
+from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.env.observation import Observation
 
 
@@ -106,19 +106,22 @@ class FleetTaskEnv:
 
     @property
     def verifier_stdout(self) -> str | None:
-        return self._env.verifier_stdout
+        grade = self._env.grade
+        return grade.stdout if grade else None
 
     @property
     def verifier_error(self) -> str | None:
-        return self._env.verifier_error
+        grade = self._env.grade
+        return grade.error if grade else None
 
     @property
     def tool_errors_list(self) -> list[str]:
-        return self._env.tool_error_messages
+        return list(self._env.stats.tool_error_messages)
 
     @property
     def last_verifier_execution_id(self) -> str | None:
-        return self._env.verifier_execution_id
+        grade = self._env.grade
+        return grade.execution_id if grade else None
 
     _last_verifier_execution_id = last_verifier_execution_id
 

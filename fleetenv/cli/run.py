@@ -24,8 +24,8 @@ from fleetenv.core.errors import ConfigurationError
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.config import FleetConfig
     from fleetenv.core.tasks import Task
-    from fleetenv.rollouts.episode import RolloutResult
     from fleetenv.rollouts.policy import PolicySpec
+    from fleetenv.rollouts.rollout import RolloutResult
 
 #: Where the OpenAI-compatible policy finds its key (never a command-line flag).
 OPENAI_KEY_ENV = "OPENAI_API_KEY"

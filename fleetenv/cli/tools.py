@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetenv.core.config import resolve_config
     from fleetenv.core.event_bus import EventBus
     from fleetenv.core.tasks import Task
-    from fleetenv.env.episode import FleetEnv
+    from fleetenv.env.fleet_env import FleetEnv
 
     task = Task(key=f"fleetenv-tools:{args.env}", prompt="(listing tools)", env_key=args.env,
                 modality=args.modality)

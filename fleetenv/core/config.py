@@ -37,7 +37,6 @@ from pydantic import (
 
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.modality import MODALITIES, Modality
-from fleetenv.core.retry import Backoff
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -66,8 +65,8 @@ class TTLDefaults(BaseModel):
     computer_use: int = Field(1800, gt=0)
     browser_use: int = Field(1800, gt=0)
 
-    def for_modality(self, modality: Modality) -> int:
-        return int(getattr(self, modality))
+    def for_modality(self, modality: Modality | str) -> int:
+        return int(getattr(self, Modality(modality).value))
 
 
 class FleetConfig(BaseModel):
@@ -94,7 +93,7 @@ class FleetConfig(BaseModel):
     #: Backoff between provisioning retries: base * 2**n, capped, with equal jitter.
     retry_base_s: float = Field(1.0, gt=0, allow_inf_nan=False)
     retry_cap_s: float = Field(20.0, gt=0, allow_inf_nan=False)
-    #: Process-wide: instances in the middle of being created / created and not deleted.
+    #: Per session: instances in the middle of being created / created and not deleted.
     max_creating_instances: int = Field(16, ge=1)
     max_live_instances: int = Field(64, ge=1)
     ttl_seconds: TTLDefaults = Field(default_factory=TTLDefaults)
@@ -174,11 +173,11 @@ class FleetConfig(BaseModel):
         if problem is not None:
             raise ConfigurationError(problem[0], hint=problem[1], field=problem[2])
 
-    def ttl_for(self, modality: Modality) -> int:
+    def ttl_for(self, modality: Modality | str) -> int:
         """Instance TTL in seconds for a task of this modality."""
         return self.ttl_seconds.for_modality(modality)
 
-    def episode_deadline_for(self, modality: Modality) -> float:
+    def episode_deadline_for(self, modality: Modality | str) -> float:
         """Episode wall-clock limit: the explicit deadline, else the instance TTL.
 
         An episode cannot usefully outlive its instance, so the TTL is the natural cap.
@@ -186,10 +185,6 @@ class FleetConfig(BaseModel):
         if self.episode_deadline_s is not None:
             return self.episode_deadline_s
         return float(self.ttl_for(modality))
-
-    def backoff(self) -> Backoff:
-        """The provisioning retry schedule these settings describe."""
-        return Backoff(base=self.retry_base_s, cap=self.retry_cap_s)
 
     def replace(self, **changes: Any) -> FleetConfig:
         """A validated copy with ``changes`` applied (``use_local`` is kept unless given)."""

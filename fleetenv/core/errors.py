@@ -25,8 +25,12 @@ __all__ = [
     "InstanceGoneError",
     "InvalidActionError",
     "LoopThreadError",
+    "MetricsError",
     "PermanentProvisioningError",
     "ProvisioningError",
+    "ResultsFileError",
+    "RolloutCancelled",
+    "RolloutWorkerError",
     "ToolArgumentsError",
     "ToolCallError",
     "ToolCallMayHaveRunError",
@@ -59,10 +63,17 @@ class FleetEnvError(Exception):
     """
 
     default_hint: str | None = None
+    #: Whether the same operation may succeed if tried again later (a rate limit, a
+    #: server still starting). The class sets the default; a raiser may override it.
+    #: fleetenv's own retries (``fleetenv.core.retry``) read this and nothing else.
+    retryable: bool = False
 
-    def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
+    def __init__(self, message: str, *, hint: str | None = None,
+                 retryable: bool | None = None, **context: Any) -> None:
         self.message = message
         self.hint = hint if hint is not None else self.default_hint
+        if retryable is not None:
+            self.retryable = retryable
         self.context: dict[str, str] = {
             key: str(value) for key, value in context.items() if value is not None
         }
@@ -81,14 +92,15 @@ class FleetEnvError(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keep errors picklable across process pools with their keyword-only fields.
-        return (_rebuild, (type(self), self.message, self.hint, self.context))
+        return (_rebuild, (type(self), self.message, self.hint, self.context, self.retryable))
 
 
 def _rebuild(
-    cls: type[FleetEnvError], message: str, hint: str | None, context: dict[str, str]
+    cls: type[FleetEnvError], message: str, hint: str | None, context: dict[str, str],
+    retryable: bool = False,
 ) -> FleetEnvError:
     err = cls.__new__(cls)
-    FleetEnvError.__init__(err, message, hint=hint, **context)
+    FleetEnvError.__init__(err, message, hint=hint, retryable=retryable, **context)
     return err
 
 
@@ -111,6 +123,8 @@ class DeadlineExceeded(FleetEnvError, TimeoutError):
 class ConnectError(FleetEnvError, ConnectionError):
     """Could not reach an endpoint (nothing was sent that could have had an effect)."""
 
+    retryable = True
+
 
 class ProvisioningError(FleetEnvError):
     """Creating or preparing an instance failed."""
@@ -119,6 +133,7 @@ class ProvisioningError(FleetEnvError):
 class TransientProvisioningError(ProvisioningError):
     """Provisioning failed for a reason that may pass (rate limit, 5xx, timeout, connection)."""
 
+    retryable = True
     default_hint = "retry later, or lower the number of instances created at once"
 
 
@@ -147,6 +162,8 @@ class ToolArgumentsError(ToolError, ValueError):
 class ToolCallError(ToolError):
     """A tool call failed in transport or protocol before it could have run."""
 
+    retryable = True
+
 
 class ToolCallMayHaveRunError(ToolCallError):
     """A tool call failed after the request may have reached the server.
@@ -155,6 +172,7 @@ class ToolCallMayHaveRunError(ToolCallError):
     replay could, for example, create a second booking.
     """
 
+    retryable = False
     default_hint = (
         "check the environment state before calling the tool again; fleetenv does not "
         "replay calls that may have run"
@@ -162,7 +180,34 @@ class ToolCallMayHaveRunError(ToolCallError):
 
 
 class VerifierError(FleetEnvError):
-    """The verifier could not produce a grade (so the reward is unknown, not 0.0)."""
+    """The verifier could not produce a grade (so the reward is unknown, not 0.0).
+
+    Raised by :meth:`fleetenv.Grade.raise_for_status` for callers that want an unknown
+    grade to be an exception; episodes themselves never raise it (an unknown grade is a
+    ``None`` reward with a reason).
+    """
+
+
+class RolloutCancelled(FleetEnvError):
+    """A runner was cancelled while this rollout was queued or in progress."""
+
+    default_hint = "the run was stopped on purpose (cancel(), Ctrl-C); nothing to fix"
+
+
+class RolloutWorkerError(FleetEnvError):
+    """The executor could not run a rollout or hand back its result (a worker process
+    died, the result could not be unpickled, the executor refused the job)."""
+
+    default_hint = ("the other rollouts are unaffected; check the worker's stderr, or run "
+                    "with the default thread executor to see the full traceback")
+
+
+class ResultsFileError(ConfigurationError):
+    """A results file could not be written, or one of its lines is not a rollout result."""
+
+
+class MetricsError(ConfigurationError, ValueError):
+    """A metric was asked for with arguments it is not defined for."""
 
 
 class EpisodeStateError(FleetEnvError, RuntimeError):

@@ -27,9 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from fleetenv.core.errors import redact
+from fleetenv.core.vocabulary import GradeStatus, StrEnum
 
 __all__ = [
     "Event",
+    "EventKind",
     "InstanceDeleteFailed",
     "InstanceDeleted",
     "InstanceProvisioned",
@@ -45,6 +47,23 @@ __all__ = [
     "event_from_dict",
     "new_rollout_id",
 ]
+
+
+class EventKind(StrEnum):
+    """The ``kind`` of every event type (its name in logs and JSONL files)."""
+
+    ROLLOUT_STARTED = "rollout_started"
+    ROLLOUT_COMPLETED = "rollout_completed"
+    INSTANCE_PROVISIONED = "instance_provisioned"
+    PROVISIONING_RETRY = "provisioning_retry"
+    PROVISIONING_FAILED = "provisioning_failed"
+    RESET_FAILED = "reset_failed"
+    TOOL_CALL_FAILED = "tool_call_failed"
+    TOOL_ERROR_REPORTED = "tool_error_reported"
+    VERIFIER_FAILED = "verifier_failed"
+    INSTANCE_DELETED = "instance_deleted"
+    INSTANCE_DELETE_FAILED = "instance_delete_failed"
+
 
 #: Longest free-text value an event keeps; the rest is replaced by a marker.
 MAX_TEXT = 2000
@@ -164,7 +183,7 @@ class RolloutRef:
 class RolloutStarted(Event):
     """Emitted before provisioning, so rollouts that fail to start are still counted."""
 
-    kind: ClassVar[str] = "rollout_started"
+    kind: ClassVar[str] = EventKind.ROLLOUT_STARTED
 
     modality: str | None = None
 
@@ -173,15 +192,18 @@ class RolloutStarted(Event):
 class RolloutCompleted(Event):
     """Exactly one per started rollout, whatever way it ended.
 
-    ``reason`` is the stop reason (e.g. ``"done"``, ``"max_steps"``, ``"error"``).
-    ``reward`` is ``None`` when the grade is unknown, never a stand-in ``0.0``;
-    ``grade_status`` says why (e.g. ``"graded"``, ``"no_verifier"``, ``"verifier_error"``).
+    ``reason`` is the :class:`~fleetenv.StopReason` (e.g. ``"agent_done"``,
+    ``"max_steps"``, ``"init_error"``). ``reward`` is ``None`` when the grade is unknown,
+    never a stand-in ``0.0``; ``grade_status`` is a :class:`~fleetenv.GradeStatus`
+    (``"graded"``, ``"unknown"``, ``"not_graded"``) and ``grade_reason`` says why an
+    unknown grade is unknown (e.g. ``"no_verifier"``, ``"verifier_error"``).
     """
 
-    kind: ClassVar[str] = "rollout_completed"
+    kind: ClassVar[str] = EventKind.ROLLOUT_COMPLETED
 
     reason: str
-    grade_status: str
+    grade_status: str = GradeStatus.NOT_GRADED
+    grade_reason: str | None = None
     reward: float | None = None
     steps: int = 0
     error: str | None = None
@@ -203,7 +225,7 @@ class RolloutCompleted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class InstanceProvisioned(Event):
-    kind: ClassVar[str] = "instance_provisioned"
+    kind: ClassVar[str] = EventKind.INSTANCE_PROVISIONED
 
     seconds: float
     attempts: int = 1
@@ -213,7 +235,7 @@ class InstanceProvisioned(Event):
 class ProvisioningRetry(Event):
     """A transient provisioning failure; another attempt follows after ``delay_s``."""
 
-    kind: ClassVar[str] = "provisioning_retry"
+    kind: ClassVar[str] = EventKind.PROVISIONING_RETRY
     level: ClassVar[int] = logging.WARNING
 
     attempt: int
@@ -224,7 +246,7 @@ class ProvisioningRetry(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ProvisioningFailed(Event):
-    kind: ClassVar[str] = "provisioning_failed"
+    kind: ClassVar[str] = EventKind.PROVISIONING_FAILED
     level: ClassVar[int] = logging.ERROR
 
     attempts: int
@@ -234,7 +256,7 @@ class ProvisioningFailed(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ResetFailed(Event):
-    kind: ClassVar[str] = "reset_failed"
+    kind: ClassVar[str] = EventKind.RESET_FAILED
     level: ClassVar[int] = logging.WARNING
 
     error_type: str
@@ -246,7 +268,7 @@ class ResetFailed(Event):
 class ToolCallFailed(Event):
     """The call failed in transport or protocol (the tool gave no answer)."""
 
-    kind: ClassVar[str] = "tool_call_failed"
+    kind: ClassVar[str] = EventKind.TOOL_CALL_FAILED
     level: ClassVar[int] = logging.ERROR
 
     tool_name: str
@@ -259,7 +281,7 @@ class ToolCallFailed(Event):
 class ToolErrorReported(Event):
     """The tool ran and answered with an error; normal agent life, so INFO."""
 
-    kind: ClassVar[str] = "tool_error_reported"
+    kind: ClassVar[str] = EventKind.TOOL_ERROR_REPORTED
 
     tool_name: str
     step: int
@@ -270,7 +292,7 @@ class ToolErrorReported(Event):
 class VerifierFailed(Event):
     """The verifier could not produce a grade; the rollout's reward is unknown."""
 
-    kind: ClassVar[str] = "verifier_failed"
+    kind: ClassVar[str] = EventKind.VERIFIER_FAILED
     level: ClassVar[int] = logging.ERROR
 
     error_type: str
@@ -282,7 +304,7 @@ class VerifierFailed(Event):
 class InstanceDeleted(Event):
     """``reason`` says who deleted it: ``"closed"``, ``"atexit"``, ``"signal"``, ``"sweep"``."""
 
-    kind: ClassVar[str] = "instance_deleted"
+    kind: ClassVar[str] = EventKind.INSTANCE_DELETED
 
     reason: str = "closed"
 
@@ -291,7 +313,7 @@ class InstanceDeleted(Event):
 class InstanceDeleteFailed(Event):
     """The instance may still be running (until its TTL): a cost leak worth seeing."""
 
-    kind: ClassVar[str] = "instance_delete_failed"
+    kind: ClassVar[str] = EventKind.INSTANCE_DELETE_FAILED
     level: ClassVar[int] = logging.ERROR
 
     error_type: str

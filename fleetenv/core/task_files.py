@@ -134,4 +134,4 @@ def _build(raw: Any, *, source: str, index: int, line: int | None) -> Task:
         # Re-raise with the location first, keeping the task and field the Task named.
         context = {"file": source, "index": index, "line": line, **exc.context}
         raise ConfigurationError(f"invalid task: {exc.message}", hint=exc.hint,
-                                 **context) from None
+                                 retryable=exc.retryable, **context) from None

@@ -61,7 +61,7 @@ class Task(BaseModel):
     env_variables: dict[str, Any] = Field(default_factory=dict)
     verifier: str | None = None
     verifier_id: str | None = None
-    modality: Modality = "tool_use"
+    modality: Modality = Modality.TOOL_USE
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="before")

@@ -76,6 +76,15 @@ def provisioning_error(exc: Exception, **context: Any) -> ProvisioningError:
     )
 
 
+def is_rate_limit(exc: BaseException) -> bool:
+    """Did Fleet ask the API key to slow down (429, instance limit, rate limit)?"""
+    from fleet import exceptions as fx
+
+    if isinstance(exc, fx.FleetInstanceLimitError | fx.FleetRateLimitError):
+        return True
+    return isinstance(exc, fx.FleetAPIError) and exc.status_code == 429
+
+
 def _is_transport_error(exc: BaseException) -> bool:
     """True for connection-level failures of httpx or requests (no HTTP answer)."""
     import httpx

@@ -15,31 +15,59 @@ import requests
 
 from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, InstanceGoneError
 
-_local = threading.local()
+__all__ = ["ManagerClient", "ManagerPool"]
 
 
-def _session() -> requests.Session:
-    # requests.Session is not documented as thread-safe; one per thread keeps pooling.
-    session = getattr(_local, "session", None)
-    if session is None:
-        session = _local.session = requests.Session()
-    return session
+class ManagerPool:
+    """The keep-alive ``requests`` pools of one session's manager-API traffic.
+
+    ``requests.Session`` is not documented as thread-safe, so each thread that talks to
+    a manager API gets its own (keep-alive per instance host within it); the pool
+    remembers them all so ``close()`` releases every socket.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._sessions: list[requests.Session] = []
+        self._closed = False
+
+    def get(self) -> requests.Session:
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            with self._lock:
+                if self._closed:
+                    session.close()
+                    raise FleetEnvError("the session is closed",
+                                        hint="create a new fleetenv.Session")
+                self._sessions.append(session)
+            self._local.session = session
+        return session
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            session.close()
 
 
 class ManagerClient:
     """Calls one instance's manager API (``{root}api/v1/env``)."""
 
-    def __init__(self, manager_url: str, *, instance_id: str | None = None,
-                 timeout: float = 30.0) -> None:
+    def __init__(self, manager_url: str, *, pool: ManagerPool, instance_id: str | None = None,
+                 timeout_s: float = 30.0) -> None:
         self.manager_url = manager_url.rstrip("/")
         self.instance_id = instance_id
-        self.timeout = timeout
+        self.timeout_s = timeout_s
+        self._pool = pool
 
-    def reset(self, *, seed: int | None = None, timeout: float = 10.0) -> dict[str, Any]:
+    def reset(self, *, seed: int | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
         """Restore the seed state. Raises on failure: a silently dirty instance would make
         every later reward wrong."""
         body = self._request("POST", "/reset", json={"seed": seed, "timestamp": None},
-                             timeout=timeout, what="reset")
+                             timeout_s=timeout_s, what="reset")
         if isinstance(body, dict) and body.get("success") is False:
             raise FleetEnvError(
                 f"manager reset reported failure: {body.get('message') or body}",
@@ -51,7 +79,7 @@ class ManagerClient:
     def describe_db(self, name: str = "current") -> dict[str, Any]:
         """Tables and columns of one SQLite resource (``current`` or ``seed``)."""
         return self._request("GET", f"/resources/sqlite/{name}/describe",
-                             timeout=self.timeout, what=f"describe {name} db")
+                             timeout_s=self.timeout_s, what=f"describe {name} db")
 
     def query_db(self, sql: str, args: list[Any] | None = None, *, name: str = "current",
                  read_only: bool = True) -> dict[str, Any]:
@@ -59,7 +87,7 @@ class ManagerClient:
         body = self._request(
             "POST", f"/resources/sqlite/{name}/query",
             json={"query": sql, "args": args, "read_only": read_only},
-            timeout=self.timeout, what=f"query {name} db",
+            timeout_s=self.timeout_s, what=f"query {name} db",
         )
         if isinstance(body, dict) and body.get("success") is False:
             raise FleetEnvError(
@@ -69,14 +97,14 @@ class ManagerClient:
             )
         return body
 
-    def _request(self, method: str, path: str, *, timeout: float, what: str,
+    def _request(self, method: str, path: str, *, timeout_s: float, what: str,
                  json: Any = None) -> Any:
         url = f"{self.manager_url}{path}"
         context = {"instance": self.instance_id, "endpoint": url}
         try:
-            response = _session().request(method, url, json=json, timeout=timeout)
+            response = self._pool.get().request(method, url, json=json, timeout=timeout_s)
         except requests.Timeout as exc:
-            raise DeadlineExceeded(f"manager {what} did not answer within {timeout:g} s",
+            raise DeadlineExceeded(f"manager {what} did not answer within {timeout_s:g} s",
                                    **context) from exc
         except requests.ConnectionError as exc:
             raise InstanceGoneError(f"manager {what} could not connect: {exc}",

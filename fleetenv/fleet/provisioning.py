@@ -17,14 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.errors import (
     DeadlineExceeded,
+    FleetEnvError,
     InstanceGoneError,
     ProvisioningError,
     TransientProvisioningError,
 )
-from fleetenv.core.retry import Backoff, Deadline
-from fleetenv.fleet import limits
-from fleetenv.fleet.classify import provisioning_error
-from fleetenv.fleet.registry import REGISTRY, LiveInstance, install_exit_hooks
+from fleetenv.core.retry import Backoff, Deadline, RetryPolicy
+from fleetenv.core.vocabulary import Modality
+from fleetenv.fleet.classify import is_rate_limit, provisioning_error
+from fleetenv.fleet.limits import Gate, KeyLimiter
+from fleetenv.fleet.registry import InstanceRegistry, LiveInstance, track
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleet.client import SyncEnv
@@ -34,11 +36,14 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("fleetenv.provisioning")
 
 #: Image type fleet-python sends per modality (research: computer_use runs the "mcp" image).
-IMAGE_TYPES: dict[str, str | None] = {"tool_use": None, "computer_use": "mcp",
-                                       "browser_use": None}
+IMAGE_TYPES: dict[Modality, str | None] = {Modality.TOOL_USE: None,
+                                           Modality.COMPUTER_USE: "mcp",
+                                           Modality.BROWSER_USE: None}
 
-#: Tags every instance of this process, so leftovers can be listed and swept.
-RUN_ID = f"fleetenv-{uuid.uuid4().hex[:12]}"
+
+def new_run_tag() -> str:
+    """A fresh tag for the instances of one session or run, so leftovers can be swept."""
+    return f"fleetenv-{uuid.uuid4().hex[:12]}"
 
 
 @dataclass
@@ -48,11 +53,11 @@ class ProvisionRequest:
     data_key: str | None = None
     data_version: str | None = None
     env_variables: dict[str, Any] | None = None
-    modality: str = "tool_use"
+    modality: Modality = Modality.TOOL_USE
     ttl_seconds: int | None = None
     task_key: str | None = None
     run_tag: str | None = None
-    """fleet-python's ``run_id`` for the instance; ``None``: this process's ``RUN_ID``."""
+    """fleet-python's ``run_id`` for the instance; ``None``: the provisioner's tag."""
 
     @property
     def env_spec(self) -> str:
@@ -81,34 +86,44 @@ class Instance:
 
 
 ProvisionListener = Callable[[str, dict[str, Any]], None]
-"""Receives ("retry", {...}) / ("provisioned", {...}) notes; the env turns them into events."""
+"""Receives ("retry", {...}) notes; the env turns them into events."""
 
 
 class Provisioner:
-    """Creates instances with retries on typed transient errors and deletes them.
+    """Creates instances with retries on typed transient errors, and deletes them.
 
-    One per FleetClient; safe to share between threads.
+    Built by a :class:`~fleetenv.Session`, with the session's pieces: its Fleet client,
+    its registry, its caps and its retry policy, plus the per-key limiter it shares with
+    every session that uses the same API key. Safe to share between threads.
     """
 
     def __init__(
         self,
         client: FleetClient,
         *,
-        budget_s: float = 600.0,
-        backoff: Backoff | None = None,
+        registry: InstanceRegistry,
+        creating: Gate,
+        live: Gate,
+        key_limit: KeyLimiter,
+        retry: RetryPolicy,
+        run_tag: str,
         ready_timeout_s: float = 300.0,
         delete_timeout_s: float = 30.0,
     ) -> None:
         self.client = client
-        self.budget_s = budget_s
-        self.backoff = backoff or Backoff(base=1.0, cap=20.0)
+        self.registry = registry
+        self.creating = creating
+        self.live = live
+        self.key_limit = key_limit
+        self.retry = retry
+        self.run_tag = run_tag
         self.ready_timeout_s = ready_timeout_s
         self.delete_timeout_s = delete_timeout_s
         # Run tags under which a create failed in a way that may have created an instance
         # anyway (timeout, dropped connection, 5xx): only those are worth sweeping.
         self._unsure_tags: set[str] = set()
         self._unsure_lock = threading.Lock()
-        REGISTRY.add_sweeper(self.sweep)
+        registry.add_sweeper(self.sweep)
 
     def provision(self, request: ProvisionRequest, *,
                   deadline: Deadline | None = None,
@@ -119,59 +134,64 @@ class Provisioner:
         ``TransientProvisioningError`` when the budget ran out on retryable failures, and
         ``DeadlineExceeded`` when a cap slot did not free up in time.
         """
-        deadline = deadline or Deadline(self.budget_s)
+        deadline = deadline or self.retry.deadline()
         context = {"task": request.task_key, "env": request.env_spec,
                    "fleet": self.client.base_url}
         started = time.monotonic()
-        install_exit_hooks()
-        limits.LIVE.acquire(deadline, **context)
+        track(self.registry)
+        self.live.acquire(deadline, **context)
         try:
-            with limits.CREATING.slot(deadline, **context):
+            with self.creating.slot(deadline, **context):
                 instance = self._create_with_retries(request, deadline, context, listener)
         except BaseException:
-            limits.LIVE.release()
+            self.live.release()
             raise
         instance.holds_live_slot = True  # released when the instance is deleted
         instance.provision_seconds = time.monotonic() - started
-        if listener:
-            listener("provisioned", {"instance_id": instance.instance_id,
-                                     "seconds": instance.provision_seconds,
-                                     "attempts": instance.attempts})
         return instance
 
     def _create_with_retries(self, request: ProvisionRequest, deadline: Deadline,
                              context: dict[str, str | None],
                              listener: ProvisionListener | None) -> Instance:
-        attempt = 0
-        while True:
+        attempts = 0
+
+        def attempt() -> Instance:
+            nonlocal attempts
+            attempts += 1
+            self.key_limit.wait(deadline, **context)
             try:
-                return self._create_once(request, deadline, attempt + 1)
+                return self._create_once(request, deadline, attempts)
+            except ProvisioningError:
+                raise
             except Exception as exc:
-                error = exc if isinstance(exc, ProvisioningError) else provisioning_error(
-                    exc, **context)
-                if not isinstance(error, TransientProvisioningError):
-                    raise error from exc
-                if not _never_sent(exc):
-                    with self._unsure_lock:
-                        self._unsure_tags.add(request.run_tag or RUN_ID)
-                delay = self.backoff.delay(attempt)
-                remaining = deadline.remaining()
-                if remaining is not None and remaining <= delay:
-                    raise TransientProvisioningError(
-                        f"gave up after {attempt + 1} attempt(s) within the "
-                        f"{deadline.seconds:.0f} s provisioning budget; last error: "
-                        f"{error.message}",
-                        hint="raise the provisioning budget, lower concurrency, or retry later",
-                        **context,
-                    ) from exc
-                attempt += 1
-                logger.info("provisioning %s failed (%s); retry %d in %.1f s",
-                            request.env_spec, type(exc).__name__, attempt, delay)
-                if listener:
-                    listener("retry", {"attempt": attempt, "delay_s": delay,
-                                       "error_type": type(exc).__name__,
-                                       "error": error.message})
-                time.sleep(delay)  # a retry backoff, not a readiness wait
+                error = provisioning_error(exc, **context)
+                if isinstance(error, TransientProvisioningError):
+                    if not _never_sent(exc):
+                        with self._unsure_lock:
+                            self._unsure_tags.add(request.run_tag or self.run_tag)
+                    if is_rate_limit(exc):  # Fleet said "slow down" to the whole key
+                        self.key_limit.pause(self.retry.backoff.delay(attempts - 1))
+                raise error from exc
+
+        def on_retry(failures: int, delay: float, exc: Exception) -> None:
+            message = exc.message if isinstance(exc, FleetEnvError) else str(exc)
+            logger.info("provisioning %s failed (%s); retry %d in %.1f s",
+                        request.env_spec, type(exc.__cause__ or exc).__name__, failures, delay)
+            if listener:
+                listener("retry", {"attempt": failures, "delay_s": delay,
+                                   "error_type": type(exc.__cause__ or exc).__name__,
+                                   "error": message})
+
+        def give_up(exc: Exception, failures: int) -> Exception:
+            message = exc.message if isinstance(exc, FleetEnvError) else str(exc)
+            return TransientProvisioningError(
+                f"gave up after {failures} attempt(s) within the {deadline.seconds:.0f} s "
+                f"provisioning budget; last error: {message}",
+                hint="raise the provisioning budget, lower concurrency, or retry later",
+                **context)
+
+        return self.retry.call(attempt, deadline=deadline, on_retry=on_retry,
+                               give_up=give_up)
 
     def _create_once(self, request: ProvisionRequest, deadline: Deadline,
                      attempt: int) -> Instance:
@@ -183,7 +203,7 @@ class Provisioner:
             env_variables=request.env_variables or None,
             image_type=IMAGE_TYPES.get(request.modality),
             ttl_seconds=ttl,
-            run_id=request.run_tag or RUN_ID,
+            run_id=request.run_tag or self.run_tag,
             timeout=deadline.cap(900.0),
         )
         instance = Instance(
@@ -191,8 +211,8 @@ class Provisioner:
             manager_url="", env=env, attempts=attempt,
         )
         # From here on the instance exists: register it before anything else can fail.
-        REGISTRY.add(LiveInstance(env.instance_id, request.env_spec,
-                                  lambda: self.delete(instance)))
+        self.registry.add(LiveInstance(env.instance_id, request.env_spec,
+                                       lambda: self.delete(instance)))
         try:
             env = self._wait_until_running(env, deadline, request)
             env.resources()  # fleet-python's db() raises KeyError until this ran
@@ -229,27 +249,37 @@ class Provisioner:
         return env
 
     def delete(self, instance: Instance) -> None:
-        """Delete the instance (idempotent). An already-gone instance counts as deleted."""
+        """Delete the instance (idempotent). An already-gone instance counts as deleted.
+
+        Transient failures (5xx, 429, connection) are retried with the session's backoff
+        inside ``delete_timeout_s``; a delete is idempotent, so a retry cannot hurt.
+        """
         if instance.deleted:
             return
-        try:
-            self.client.sdk.delete(instance.instance_id)
-        except Exception as exc:
-            if not _already_gone(exc):
+        context = {"instance": instance.instance_id, "env": instance.env_key}
+
+        def attempt() -> None:
+            try:
+                self.client.sdk.delete(instance.instance_id)
+            except Exception as exc:
+                if _already_gone(exc):
+                    return
+                cause = provisioning_error(exc, **context)
                 raise InstanceGoneError(
-                    f"could not delete instance {instance.instance_id}: {exc}",
+                    f"could not delete instance {instance.instance_id}: {cause.message}",
                     hint="it will be reaped by its TTL; `fleetenv` can sweep leftovers",
-                    instance=instance.instance_id, env=instance.env_key,
-                ) from exc
+                    retryable=cause.retryable, **context) from exc
+
+        self.retry.with_budget(self.delete_timeout_s, max_attempts=4).call(attempt)
         self._forget(instance)
 
     def _forget(self, instance: Instance) -> None:
         if not instance.deleted:
             instance.deleted = True
-            REGISTRY.discard(instance.instance_id)
+            self.registry.discard(instance.instance_id)
             if instance.holds_live_slot:
                 instance.holds_live_slot = False
-                limits.LIVE.release()
+                self.live.release()
 
     def sweep_tag(self, run_tag: str) -> list[str]:
         """Delete every running instance tagged ``run_tag`` (a runner's cleanup after a
@@ -272,7 +302,7 @@ class Provisioner:
             tags = ({run_tag} & self._unsure_tags) if run_tag else set(self._unsure_tags)
         swept: list[str] = []
         for tag in tags:
-            swept += self._delete_tagged(tag, skip=set(REGISTRY.live_ids()))
+            swept += self._delete_tagged(tag, skip=set(self.registry.live_ids()))
             with self._unsure_lock:
                 self._unsure_tags.discard(tag)
         if swept:
@@ -290,7 +320,7 @@ class Provisioner:
                 if not _already_gone(exc):
                     logger.warning("sweep could not delete %s: %s", env.instance_id, exc)
                     continue
-            REGISTRY.discard(env.instance_id)
+            self.registry.discard(env.instance_id)
             deleted.append(env.instance_id)
         return deleted
 

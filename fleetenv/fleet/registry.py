@@ -1,10 +1,12 @@
-"""The process-wide registry of live instances, and the hooks that empty it.
+"""Registries of live instances (one per session), and the process hooks that empty them.
 
 Leaked instances cost money and hit instance limits, so every instance fleetenv creates
-is recorded here from the moment ``make()`` returns until its delete succeeds. Normal
-``close()``, ``with``-exit, Ctrl-C (the ``finally`` in the episode), interpreter exit
-(``atexit``, via the runtime's shutdown hooks) and SIGTERM (turned into ``SystemExit``
-so the same exit path runs) all end in :meth:`InstanceRegistry.delete_all`.
+is recorded in its session's registry from the moment ``make()`` returns until its delete
+succeeds. Normal ``close()``, ``with``-exit, Ctrl-C (the ``finally`` in the episode),
+``Session.close()``, interpreter exit (``atexit``, via the runtime's shutdown hooks) and
+SIGTERM (turned into ``SystemExit`` so the same exit path runs) all end in
+:meth:`InstanceRegistry.delete_all`. The exit hooks are process-wide (there is one
+interpreter exit), and reach every registry that still holds instances.
 
 Deletes here are synchronous HTTP calls in the calling thread: at exit the event loop may
 already be gone, and a delete must not depend on it.
@@ -124,10 +126,29 @@ class InstanceRegistry:
         return sum(results)
 
 
-REGISTRY = InstanceRegistry()
-
 _hooks_lock = threading.Lock()
 _hooks_installed = False
+#: Registries that may hold instances; each is removed when its session closes.
+_registries: set[InstanceRegistry] = set()
+
+
+def track(registry: InstanceRegistry) -> None:
+    """Make interpreter exit and SIGTERM reach ``registry`` (and install the hooks)."""
+    with _hooks_lock:
+        _registries.add(registry)
+    install_exit_hooks()
+
+
+def untrack(registry: InstanceRegistry) -> None:
+    with _hooks_lock:
+        _registries.discard(registry)
+
+
+def delete_everywhere() -> int:
+    """Delete the live instances of every tracked registry (the exit hook)."""
+    with _hooks_lock:
+        registries = list(_registries)
+    return sum(registry.delete_all() for registry in registries)
 
 
 def install_exit_hooks() -> None:
@@ -144,7 +165,7 @@ def install_exit_hooks() -> None:
         _hooks_installed = True
     from fleetenv.runtime.loop import add_shutdown_hook
 
-    add_shutdown_hook(REGISTRY.delete_all)
+    add_shutdown_hook(delete_everywhere)
     if threading.current_thread() is threading.main_thread() and (
         signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     ):

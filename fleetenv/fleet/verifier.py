@@ -11,39 +11,61 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from fleetenv.core.errors import redact
+from fleetenv.core.errors import FleetEnvError, VerifierError, redact
+from fleetenv.core.retry import RetryPolicy
+from fleetenv.core.vocabulary import GradeReason, GradeStatus
+from fleetenv.fleet.classify import provisioning_error
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleet.client import SyncEnv
 
-logger = logging.getLogger("fleetenv.verifier")
+__all__ = ["Grade", "score_of", "verify"]
 
-GradeStatus = Literal["graded", "unknown"]
+logger = logging.getLogger("fleetenv.verifier")
 
 
 @dataclass(frozen=True)
 class Grade:
-    """The outcome of one verification."""
+    """The outcome of one verification: a graded reward, or unknown with a reason."""
 
     reward: float | None
     status: GradeStatus
-    reason: str | None = None
-    """Why the grade is unknown: ``no_verifier``, ``verifier_error``, ``instance_gone``,
-    ``bad_result``, ``verifier_unreachable`` ... (``None`` when graded)."""
+    reason: GradeReason | None = None
+    """Why the grade is unknown (``None`` when graded)."""
     stdout: str | None = None
     error: str | None = None
     execution_id: str | None = None
     seconds: float = 0.0
 
     @classmethod
-    def unknown(cls, reason: str, error: str | None = None, **fields: Any) -> Grade:
-        return cls(reward=None, status="unknown", reason=reason,
+    def unknown(cls, reason: GradeReason, error: str | None = None, **fields: Any) -> Grade:
+        return cls(reward=None, status=GradeStatus.UNKNOWN, reason=reason,
                    error=redact(error) if error else None, **fields)
 
+    @property
+    def graded(self) -> bool:
+        return self.status is GradeStatus.GRADED
+
+    def raise_for_status(self) -> Grade:
+        """Return the grade if it is one; raise ``VerifierError`` if it is unknown.
+
+        For callers (evaluation scripts, CI checks) that would rather stop than carry a
+        ``None`` reward along; like ``requests.Response.raise_for_status``.
+        """
+        if self.graded:
+            return self
+        raise VerifierError(
+            f"the grade is unknown ({self.reason}): {self.error or 'no error message'}",
+            hint="see the verifier's stdout and error; an unknown grade is not a 0.0",
+            execution=self.execution_id)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["status"] = str(self.status)
+        data["reason"] = None if self.reason is None else str(self.reason)
+        return data
 
 
 def score_of(result: Any) -> float | None:
@@ -67,42 +89,58 @@ def verify(
     verifier_code: str | None,
     verifier_id: str | None = None,
     final_answer: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> Grade:
     """Run the verifier remotely (Fleet's ``/v1/verifiers/execute``) and grade.
 
     Blocking; never raises for a verifier problem (that is an unknown grade). The final
     answer is passed *positionally*: kwargs only travel inside the pickled payload, and a
     control plane that reads ``args_array`` would lose them.
+
+    A request that failed in transport or with a transient status (429, 5xx) is retried
+    under ``retry``: a verifier only reads the instance's state, so running it again is
+    safe. A verifier that ran and failed is not retried: it would fail the same way.
     """
     if not verifier_code:
-        return Grade.unknown("no_verifier", "the task has no verifier code")
+        return Grade.unknown(GradeReason.NO_VERIFIER, "the task has no verifier code")
     from fleet.tasks import Task as FleetTask
 
     started = time.monotonic()
+    fleet_task = FleetTask(
+        key=task_key, prompt=prompt, env_id=env_key, version=env_version,
+        verifier_func=verifier_code, verifier_id=verifier_id,
+    )
+
+    def attempt() -> Any:
+        try:
+            return fleet_task.verify_detailed(env, final_answer)
+        except Exception as exc:
+            # Typed as retryable or not; the original stays the cause for the message.
+            raise provisioning_error(exc, task=task_key) from exc
+
     try:
-        fleet_task = FleetTask(
-            key=task_key, prompt=prompt, env_id=env_key, version=env_version,
-            verifier_func=verifier_code, verifier_id=verifier_id,
-        )
-        response = fleet_task.verify_detailed(env, final_answer)
-    except Exception as exc:
+        response = (retry or RetryPolicy(max_attempts=1)).call(attempt)
+    except FleetEnvError as wrapped:
+        exc = wrapped.__cause__ if isinstance(wrapped.__cause__, Exception) else wrapped
         seconds = time.monotonic() - started
-        reason = "instance_gone" if _looks_gone(exc) else "verifier_unreachable"
+        reason = (GradeReason.INSTANCE_GONE if _looks_gone(exc)
+                  else GradeReason.VERIFIER_UNREACHABLE)
         logger.warning("verifier for task %s could not run: %s", task_key, exc)
         return Grade.unknown(reason, f"{type(exc).__name__}: {exc}", seconds=seconds)
     seconds = time.monotonic() - started
     stdout = response.stdout or None
     execution_id = response.execution_id
     if not response.success:
-        return Grade.unknown("verifier_error", _error_text(response.error),
+        return Grade.unknown(GradeReason.VERIFIER_ERROR, _error_text(response.error),
                              stdout=stdout, execution_id=execution_id, seconds=seconds)
     score = score_of(response.result)
     if score is None:
         return Grade.unknown(
-            "bad_result", f"verifier returned {response.result!r}, not a number or "
-            "{'score': number}", stdout=stdout, execution_id=execution_id, seconds=seconds)
-    return Grade(reward=score, status="graded", stdout=stdout, execution_id=execution_id,
-                 seconds=seconds)
+            GradeReason.BAD_RESULT, f"verifier returned {response.result!r}, not a number "
+            "or {'score': number}", stdout=stdout, execution_id=execution_id,
+            seconds=seconds)
+    return Grade(reward=score, status=GradeStatus.GRADED, stdout=stdout,
+                 execution_id=execution_id, seconds=seconds)
 
 
 def _error_text(error: Any) -> str:

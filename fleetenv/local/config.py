@@ -11,7 +11,10 @@ import ipaddress
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
+    from fleetenv.local.apps.base import AppSpec
 
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
 
@@ -32,7 +35,8 @@ class LocalFleetConfig:
     """Upper bound (and default) of one verifier run, whatever the request asks for."""
     verifier_workers: int = 2
     instance_limit: int = 1000
-    graceful_shutdown_seconds: float = 2.0
+    graceful_shutdown_seconds: int = 2
+    """Whole seconds: uvicorn's ``timeout_graceful_shutdown`` is an ``int``."""
 
 
 def is_loopback_host(host: str) -> bool:
@@ -79,7 +83,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def resolve_apps(apps: Mapping[str, Any] | str | None) -> dict[str, Any]:
+def resolve_apps(apps: Mapping[str, AppSpec] | str | None) -> dict[str, AppSpec]:
     """Turn the ``apps=`` argument into a ``{env_key: AppSpec}`` dict.
 
     ``None`` means the bundled sample apps; a string is ``"package.module:ATTRIBUTE"``

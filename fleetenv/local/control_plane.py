@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -19,6 +19,9 @@ from fleetenv.local import verification
 from fleetenv.local.instances import ControlPlaneError, Instance, iso
 from fleetenv.local.state import LocalFleetState
 from fleetenv.local.wire import BadBody, detail, header, json_body
+
+if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
+    from fleetenv.local.apps.base import AppSpec
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -191,7 +194,7 @@ class ControlPlaneRoutes:
 
     # ----- environments and account -------------------------------------------------------
 
-    def _environment(self, app: Any) -> dict[str, Any]:
+    def _environment(self, app: AppSpec) -> dict[str, Any]:
         return {
             "env_key": app.key,
             "name": app.name,

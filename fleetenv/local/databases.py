@@ -196,4 +196,8 @@ def structured_diff(seed: Path, current: Path, ignore: dict[str, Any] | None) ->
                      conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         for name in names:
             table_fields[name] = table_fields.get(name, set()) | fields
-    return diff_dbs(str(seed), str(current), ignore_tables=tables, ignore_table_fields=table_fields)
+    # fleet-python ships no type information; diff_dbs is documented to return this dict.
+    diff: dict[str, Any] = diff_dbs(
+        str(seed), str(current), ignore_tables=tables, ignore_table_fields=table_fields
+    )
+    return diff

@@ -19,12 +19,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from fleetenv.local.databases import InstanceDatabase, SeedCache, copy_database
 from fleetenv.local.mcp_host import InstanceMCP, ToolGate
+
+if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
+    from fleetenv.local.apps.base import AppSpec
 
 logger = logging.getLogger("fleetenv.local")
 
@@ -47,7 +50,7 @@ def iso(ts: float | None) -> str | None:
 @dataclass
 class Instance:
     instance_id: str
-    app: Any
+    app: AppSpec
     version: str
     data_key: str
     data_version: str
@@ -140,7 +143,7 @@ class InstanceStore:
     def __init__(
         self,
         *,
-        apps: dict[str, Any],
+        apps: dict[str, AppSpec],
         workdir: Path,
         host: str,
         default_ttl_seconds: int,

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from fleetenv.local.config import (
@@ -31,6 +31,9 @@ from fleetenv.local.config import (
     check_bind_host,
     resolve_apps,
 )
+
+if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
+    from fleetenv.local.apps.base import AppSpec
 
 ADMIN_TIMEOUT_SECONDS = 30.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -97,7 +100,7 @@ class LocalFleet:
     def __init__(
         self,
         *,
-        apps: Mapping[str, Any] | str | None = None,
+        apps: Mapping[str, AppSpec] | str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
@@ -271,6 +274,8 @@ class LocalFleet:
         if not self.base_url:
             raise LocalFleetError("the local Fleet is not running; call start() first")
         parts = urlsplit(self.base_url)
+        if parts.hostname is None:  # start() always sets http://host:port
+            raise LocalFleetError(f"the local Fleet base URL {self.base_url!r} names no host")
         connection = http.client.HTTPConnection(
             parts.hostname, parts.port, timeout=ADMIN_TIMEOUT_SECONDS
         )
@@ -291,7 +296,8 @@ class LocalFleet:
             connection.close()
         data = json.loads(raw) if raw else None
         if response.status >= 400:
-            message = data.get("detail") if isinstance(data, dict) else raw[:200]
+            # repr(): the same b'...' text an f-string gave the bytes before.
+            message = data.get("detail") if isinstance(data, dict) else repr(raw[:200])
             raise LocalFleetError(f"local Fleet admin call {method} {path} failed "
                                   f"({response.status}): {message}")
         return data

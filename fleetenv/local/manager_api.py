@@ -50,7 +50,16 @@ async def _not_implemented(scope: Any, receive: Any, send: Any) -> None:
 
 
 def _instance(request: Request) -> Instance:
-    return request.scope[INSTANCE_SCOPE_KEY]
+    instance: Instance = request.scope[INSTANCE_SCOPE_KEY]
+    return instance
+
+
+def _db(instance: Instance) -> databases.InstanceDatabase:
+    # The dispatcher routes here only for an instance whose database exists, and stopping
+    # closes that database without unsetting it, so it stays there for the whole request.
+    db = instance.db
+    assert db is not None, f"manager route reached for {instance.instance_id} without a database"
+    return db
 
 
 async def _body(request: Request) -> dict[str, Any] | Response:
@@ -67,7 +76,7 @@ async def reset(request: Request) -> Response:
         return body
     started = time.monotonic()
     try:
-        await anyio.to_thread.run_sync(instance.db.reset)
+        await anyio.to_thread.run_sync(_db(instance).reset)
     except databases.InstanceStopped:
         return _gone(instance)
     ms = (time.monotonic() - started) * 1000
@@ -77,7 +86,7 @@ async def reset(request: Request) -> Response:
 
 async def _locked(instance: Instance, work: Callable[[], dict[str, Any]]) -> Response:
     try:
-        return JSONResponse(await anyio.to_thread.run_sync(instance.db.locked, work))
+        return JSONResponse(await anyio.to_thread.run_sync(_db(instance).locked, work))
     except databases.InstanceStopped:
         return _gone(instance)
 
@@ -101,7 +110,7 @@ def _resource_error(name: str) -> dict[str, Any]:
 async def describe(request: Request) -> Response:
     instance = _instance(request)
     name = request.path_params["name"]
-    path = instance.db.path_for(name)
+    path = _db(instance).path_for(name)
     if path is None:
         return JSONResponse(_resource_error(name))
 
@@ -111,7 +120,7 @@ async def describe(request: Request) -> Response:
 async def query(request: Request) -> Response:
     instance = _instance(request)
     name = request.path_params["name"]
-    path = instance.db.path_for(name)
+    path = _db(instance).path_for(name)
     body = await _body(request)
     if isinstance(body, Response):
         return body
@@ -136,7 +145,7 @@ async def diff_structured(request: Request) -> Response:
     body = await _body(request)
     if isinstance(body, Response):
         return body
-    db = instance.db
+    db = _db(instance)
     return await _locked(
         instance, lambda: databases.structured_diff(db.seed, db.current, body.get("ignore_config"))
     )

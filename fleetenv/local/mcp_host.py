@@ -14,13 +14,16 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.server import MCPServer
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Receive, Scope, Send
+
+if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
+    from fleetenv.local.apps.base import AppSpec, DbFactory
 
 CALL_ID_META_KEY = "fleetenv/call_id"
 
@@ -115,8 +118,8 @@ class InstanceMCP:
     def __init__(
         self,
         *,
-        app: Any,
-        db_factory: Callable[[], Any],
+        app: AppSpec,
+        db_factory: DbFactory,
         gate: ToolGate,
         host: str,
     ) -> None:

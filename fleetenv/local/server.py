@@ -16,13 +16,16 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from fleetenv.local.asgi import LocalFleetApp
 from fleetenv.local.config import LocalFleetConfig, LocalFleetError, bind_socket
 from fleetenv.local.state import LocalFleetState
+
+if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
+    from fleetenv.local.apps.base import AppSpec
 
 _QUIET_LOGGERS = ("fleetenv.local", "uvicorn.error", "uvicorn.access", "mcp.server")
 
@@ -38,7 +41,7 @@ def quiet_loggers(level: str) -> None:
 class ServerThread:
     """One uvicorn server on a pre-bound socket, started and stopped from any thread."""
 
-    def __init__(self, config: LocalFleetConfig, apps: dict[str, Any]) -> None:
+    def __init__(self, config: LocalFleetConfig, apps: dict[str, AppSpec]) -> None:
         self.config = config
         self.workdir = Path(tempfile.mkdtemp(prefix="fleetenv-local-"))
         # A caller that never stops us still gets its temporary files removed at exit.
@@ -89,6 +92,7 @@ class ServerThread:
 
     def _run(self) -> None:
         try:
+            assert self._sock is not None, "__init__ binds the socket before a thread can start"
             self.server.run(sockets=[self._sock])
         except Exception as exc:  # reported by start()/stop(); the thread just ends
             self._error = exc

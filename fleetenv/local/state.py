@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp.server.mcpserver.exceptions import ToolError
@@ -18,6 +18,9 @@ from fleetenv.local.faults import FaultRegistry
 from fleetenv.local.instances import Instance, InstanceStore
 from fleetenv.local.mcp_host import ToolGate, inject_output
 from fleetenv.local.worker_pool import WorkerPool
+
+if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
+    from fleetenv.local.apps.base import AppSpec
 
 
 class ToolCallLog:
@@ -36,7 +39,7 @@ class ToolCallLog:
 
 
 class LocalFleetState:
-    def __init__(self, config: LocalFleetConfig, apps: dict[str, Any], workdir: Path) -> None:
+    def __init__(self, config: LocalFleetConfig, apps: dict[str, AppSpec], workdir: Path) -> None:
         self.config = config
         self.apps = apps
         self.workdir = workdir

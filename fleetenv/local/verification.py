@@ -59,11 +59,12 @@ def _source(bundle: bytes) -> str:
 def _env_reference(body: dict[str, Any]) -> str:
     args = body.get("args_array") or []
     marker = args[-1] if args else None
-    if not isinstance(marker, dict) or not isinstance(marker.get("env"), str):
+    env = marker.get("env") if isinstance(marker, dict) else None
+    if not isinstance(env, str):
         raise ControlPlaneError(
             400, "args_array must end with {'env': <instance id or manager URL>}"
         )
-    return marker["env"]
+    return env
 
 
 async def execute(state: LocalFleetState, body: dict[str, Any]) -> dict[str, Any]:

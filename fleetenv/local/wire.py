@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterable
 from typing import Any
 
 from starlette.requests import Request
@@ -54,7 +55,8 @@ async def unauthorized(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
+    headers: Iterable[tuple[bytes, bytes]] = scope.get("headers", [])  # ASGI: byte pairs
+    for key, value in headers:
         if key == name:
             return value.decode("latin-1")
     return None

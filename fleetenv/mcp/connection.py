@@ -7,16 +7,18 @@ cancel scope to be exited by the task that entered it, so no other arrangement i
 Every operation (list, call) is then a short task that awaits the shared session; any
 number of threads may call at once (JSON-RPC ids multiplex them on one session).
 
-Failure policy, decided here once:
+What happens on failure (what each failure *means* is decided in `fleetenv.mcp.failures`):
 
-* Connecting (TCP refused, HTTP error, handshake error, timeout) raises `ConnectError`
-  naming the endpoint. Nothing that can have an effect was sent.
+* Opening a session is retried under the connection's `RetryPolicy` while the failure
+  is one a starting server explains (refused, 502/503/504, handshake cut short); "no
+  MCP here" (404/405) and bad credentials (401/403) fail at once. Either way the error
+  is a `ConnectError` naming the endpoint, and nothing with an effect was sent.
 * A call that got no answer in time raises `DeadlineExceeded`; the session survives.
 * A session that is lost (server restarted, connection dropped, owner task died) is
   replaced by a new one before the next operation is sent. Listing tools is read-only,
-  so it reconnects and retries (bounded). A tool call that may have reached the server
-  is never replayed: it raises `ToolCallMayHaveRunError`. The single exception is a
-  call the server rejected with HTTP 404 "session not found", which the server decides
+  so it reconnects and lists again (bounded). A tool call that may have reached the
+  server is never replayed: it raises `ToolCallMayHaveRunError`. The single exception is
+  a call the server rejected with HTTP 404 "session not found", which the server decides
   before dispatching anything; that call is sent once more on a fresh session.
 * A JSON-RPC error the server answered for a call becomes an error `ToolResult`, so the
   agent can see it, like any other tool error.
@@ -28,30 +30,27 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import importlib
 import logging
 import math
-import random
 import uuid
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fleetenv import runtime
-from fleetenv.core.errors import (
-    ConnectError,
-    DeadlineExceeded,
-    FleetEnvError,
-    ToolCallError,
-    ToolCallMayHaveRunError,
-)
-from fleetenv.mcp import http
+from fleetenv.core.deprecation import renamed_kwargs
+from fleetenv.core.errors import FleetEnvError, ToolCallError
+from fleetenv.core.retry import RetryPolicy
+from fleetenv.mcp import failures, http
 from fleetenv.mcp.results import ToolResult
 from fleetenv.mcp.tools import Tool
 
 if TYPE_CHECKING:
     import anyio
     from mcp import ClientSession
+    from mcp.types import RequestParamsMeta
 
 __all__ = ["CALL_ID_META_KEY", "MAX_MESSAGE_BYTES", "MCPConnection"]
 
@@ -67,15 +66,23 @@ logger = logging.getLogger("fleetenv.mcp")
 # particular) can prove that no logical call was executed twice.
 CALL_ID_META_KEY = "fleetenv/call_id"
 
-# JSON-RPC error codes the MCP client uses for transport conditions (mcp_types.jsonrpc).
-_CONNECTION_CLOSED = -32000
-_REQUEST_TIMEOUT = -32001
-_INVALID_REQUEST = -32600
-_INTERNAL_ERROR = -32603
-# Messages the client gives an HTTP 404 on a request that carried a session id.
-_SESSION_GONE_MESSAGES = frozenset({"Session not found", "Session terminated"})
-# The client's stand-in for a non-JSON HTTP error response (e.g. a 502 from a gateway).
-_HTTP_ERROR_MESSAGE = "Server returned an error response"
+# Session setup retries when the caller gives no policy. A server that is still starting
+# (its gateway answers 502/503, the port refuses) usually needs well under a second
+# more: a first pause of 0.05-0.1 s catches that, doubling to at most 2 s. The budget is
+# the connect timeout, so `connect_timeout_s` keeps meaning "how long opening may take,
+# retries included"; three attempts keep a dead endpoint's error fast (about 0.3 s of
+# pauses). The session layer, which knows an instance has just booted, passes its own.
+_SETUP_RETRY_BASE_S = 0.1
+_SETUP_RETRY_CAP_S = 2.0
+_SETUP_ATTEMPTS = 3
+
+# Old keyword names (fleetenv 0.x), still accepted with a DeprecationWarning.
+_RENAMED_INIT = {
+    "connect_timeout": "connect_timeout_s",
+    "call_timeout": "call_timeout_s",
+    "close_timeout": "close_timeout_s",
+}
+_RENAMED_CALL = {"timeout": "timeout_s"}
 
 _MAX_LIST_PAGES = 1000
 # Extra time the blocking API grants the loop beyond the in-loop timeouts (a backstop only).
@@ -83,10 +90,6 @@ _BACKSTOP_S = 10.0
 
 # Connections with a live session in the current runtime; touched on the loop thread only.
 _open: set[MCPConnection] = set()
-
-
-class _NeverSent(Exception):
-    """Internal: the request provably did not reach the tool, so it may be sent again."""
 
 
 @dataclass(eq=False)
@@ -114,8 +117,11 @@ class MCPConnection:
     as a context manager, or call `close`; open sessions are also closed at exit.
 
     ``headers`` (e.g. authorization) are sent with every request and never shown in
-    reprs, logs or errors. ``connect_timeout`` bounds opening a session (TCP, handshake,
-    first listing); ``call_timeout`` is the default bound of one request.
+    reprs, logs or errors. ``connect_timeout_s`` bounds one attempt at opening a session
+    (TCP, handshake, first listing); ``retry`` paces the attempts and bounds them all
+    (default: up to 3 attempts within ``connect_timeout_s``). ``call_timeout_s`` is the
+    default bound of one request; ``list_attempts`` how often listing tools is tried when
+    the session is lost meanwhile; ``close_timeout_s`` bounds ending the session.
     """
 
     def __init__(
@@ -123,17 +129,30 @@ class MCPConnection:
         url: str,
         *,
         headers: Mapping[str, str] | None = None,
-        connect_timeout: float = 10.0,
-        call_timeout: float = 60.0,
+        connect_timeout_s: float = 10.0,
+        call_timeout_s: float = 60.0,
         list_attempts: int = 3,
-        close_timeout: float = 5.0,
+        close_timeout_s: float = 5.0,
+        retry: RetryPolicy | None = None,
+        **deprecated: Any,
     ) -> None:
+        if deprecated:
+            renamed = renamed_kwargs(deprecated, _RENAMED_INIT, where="MCPConnection")
+            connect_timeout_s = renamed.get("connect_timeout_s", connect_timeout_s)
+            call_timeout_s = renamed.get("call_timeout_s", call_timeout_s)
+            close_timeout_s = renamed.get("close_timeout_s", close_timeout_s)
         self.url = url
         self._headers = dict(headers) if headers else None
-        self.connect_timeout = connect_timeout
-        self.call_timeout = call_timeout
+        self.connect_timeout_s = connect_timeout_s
+        self.call_timeout_s = call_timeout_s
         self.list_attempts = max(1, list_attempts)
-        self.close_timeout = close_timeout
+        self.close_timeout_s = close_timeout_s
+        self.retry = retry or RetryPolicy(
+            base_s=_SETUP_RETRY_BASE_S,
+            cap_s=_SETUP_RETRY_CAP_S,
+            budget_s=connect_timeout_s,
+            max_attempts=_SETUP_ATTEMPTS,
+        )
         self._live: _Live | None = None
         self._lock: anyio.Lock | None = None
         self._generation: int | None = None
@@ -149,21 +168,31 @@ class MCPConnection:
             state = "open" if self._live.usable else "lost"
         return f"MCPConnection({self.url!r}, {state})"
 
+    @property
+    def setup_budget_s(self) -> float | None:
+        """The longest opening a session may take, retries included (``None``: unbounded)."""
+        policy = self.retry
+        if policy.budget_s is not None:
+            return policy.budget_s  # every attempt is cut to what is left of it
+        if policy.max_attempts is None:
+            return None  # retries until it works or the caller gives up
+        return policy.max_attempts * self.connect_timeout_s + (
+            policy.max_attempts - 1
+        ) * policy.cap_s
+
     # ------------------------------------------------------------------ blocking API
 
     def open(self) -> MCPConnection:
         """Open the session now (otherwise the first operation opens it)."""
-        runtime.call(
-            self.aopen, timeout=self.connect_timeout + _BACKSTOP_S, name=f"open {self.url}"
-        )
+        runtime.call(self.aopen, timeout=self._watchdog_s(opens=1), name=f"open {self.url}")
         return self
 
     def list_tools(self, *, refresh: bool = False) -> list[Tool]:
         """The endpoint's tools (all pages). Cached from the open; ``refresh`` asks again."""
-        bound = self.list_attempts * (self.connect_timeout + self.call_timeout) + _BACKSTOP_S
+        n = self.list_attempts
         return runtime.call(
             functools.partial(self.alist_tools, refresh=refresh),
-            timeout=bound,
+            timeout=self._watchdog_s(opens=n, calls=n, pauses=n - 1),
             name=f"list tools at {self.url}",
         )
 
@@ -172,13 +201,18 @@ class MCPConnection:
         name: str,
         arguments: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
+        **deprecated: Any,
     ) -> ToolResult:
         """Call a tool and wait for its result (see the module docstring for failures)."""
+        if deprecated:
+            renamed = renamed_kwargs(deprecated, _RENAMED_CALL, where="MCPConnection.call_tool")
+            timeout_s = renamed.get("timeout_s", timeout_s)
+        # a lost session is replaced first (setup) and a 404'd call is sent twice
         return runtime.call(
-            functools.partial(self.acall_tool, name, arguments, timeout=timeout, meta=meta),
-            timeout=self._call_bound(timeout),
+            functools.partial(self.acall_tool, name, arguments, timeout_s=timeout_s, meta=meta),
+            timeout=self._watchdog_s(opens=2, calls=2, call_s=timeout_s),
             name=f"call {name} at {self.url}",
         )
 
@@ -187,12 +221,17 @@ class MCPConnection:
         name: str,
         arguments: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
+        **deprecated: Any,
     ) -> concurrent.futures.Future[ToolResult]:
         """Start a call and return its future at once; ``future.cancel()`` cancels the call."""
+        if deprecated:
+            renamed = renamed_kwargs(deprecated, _RENAMED_CALL,
+                                     where="MCPConnection.call_tool_future")
+            timeout_s = renamed.get("timeout_s", timeout_s)
         return runtime.submit(
-            functools.partial(self.acall_tool, name, arguments, timeout=timeout, meta=meta),
+            functools.partial(self.acall_tool, name, arguments, timeout_s=timeout_s, meta=meta),
             name=f"call {name} at {self.url}",
         )
 
@@ -207,7 +246,7 @@ class MCPConnection:
         if self._generation != runtime.generation():
             self._closed = True
             return
-        runtime.call(self.aclose, timeout=self.close_timeout + _BACKSTOP_S, name="close")
+        runtime.call(self.aclose, timeout=self.close_timeout_s + _BACKSTOP_S, name="close")
 
     def __enter__(self) -> MCPConnection:
         return self
@@ -223,51 +262,52 @@ class MCPConnection:
 
     async def alist_tools(self, *, refresh: bool = False) -> list[Tool]:
         """Coroutine twin of `list_tools`: reconnects (bounded) if the session was lost."""
-        import anyio
 
-        last_error: Exception | None = None
-        live: _Live | None = None
-        for attempt in range(self.list_attempts):
-            if attempt:
-                await anyio.sleep(_backoff(attempt))
+        async def attempt() -> list[Tool]:
+            live, fresh = await self._ensure_live_fresh()
+            if fresh or (not refresh and self._tools is not None):
+                assert self._tools is not None
+                return list(self._tools)
             try:
-                live, fresh = await self._ensure_live_fresh()
-                if fresh or (not refresh and self._tools is not None):
-                    assert self._tools is not None
-                    return list(self._tools)
                 raw = await _list_all(live.session)
-            except ConnectError as exc:
-                last_error = exc
-                continue
             except Exception as exc:
-                if live is None or not _session_lost(exc):
-                    raise
-                self._mark_lost(live, exc)
-                last_error = exc
-                continue
+                if failures.session_lost(exc):
+                    self._mark_lost(live, exc)  # the next attempt reconnects
+                raise
             self._tools = [Tool.from_mcp(tool, self.url) for tool in raw]
             return list(self._tools)
-        raise ConnectError(
-            f"listing tools failed after {self.list_attempts} attempts: {last_error}",
-            endpoint=self.url,
-            hint="check that the environment instance is still running",
-        ) from last_error
+
+        # Same pacing as session setup; each attempt is bounded by the setup budget and
+        # call_timeout_s, so only the number of attempts needs a limit. Setup failures
+        # are not retried here again: the setup policy already did.
+        policy = self.retry.with_budget(None, max_attempts=self.list_attempts)
+        return await policy.acall(
+            attempt,
+            retryable=failures.session_lost,
+            give_up=lambda last, attempts: failures.gave_up(
+                "listing tools", last, attempts, endpoint=self.url
+            ),
+        )
 
     async def acall_tool(
         self,
         name: str,
         arguments: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
+        **deprecated: Any,
     ) -> ToolResult:
-        """Coroutine twin of `call_tool`."""
+        """Coroutine twin of `call_tool`. Never retried, except as described below."""
+        if deprecated:
+            renamed = renamed_kwargs(deprecated, _RENAMED_CALL, where="MCPConnection.acall_tool")
+            timeout_s = renamed.get("timeout_s", timeout_s)
         call_meta = {CALL_ID_META_KEY: uuid.uuid4().hex, **(meta or {})}
         args = dict(arguments) if arguments is not None else {}
         live = await self._ensure_live()  # a new session here is safe: nothing was sent yet
         try:
-            return await self._send_call(live, name, args, timeout, call_meta)
-        except _NeverSent as first:
+            return await self._send_call(live, name, args, timeout_s, call_meta)
+        except failures.NeverSent as first:
             # The server answered HTTP 404 "session not found" (it restarted or expired the
             # session). Its session manager checks the session id before any request
             # reaches a handler, so the tool did not run: one send on a fresh session is
@@ -275,8 +315,8 @@ class MCPConnection:
             self._mark_lost(live, first)
             live = await self._ensure_live()
             try:
-                return await self._send_call(live, name, args, timeout, call_meta)
-            except _NeverSent as second:
+                return await self._send_call(live, name, args, timeout_s, call_meta)
+            except failures.NeverSent as second:
                 self._mark_lost(live, second)
                 raise ToolCallError(
                     f"tool call was rejected twice before it ran ({second})",
@@ -297,15 +337,10 @@ class MCPConnection:
         if live is None or self._generation != runtime.generation():
             return
         live.stop.set()
-        with anyio.move_on_after(self.close_timeout + 1.0):
+        with anyio.move_on_after(self.close_timeout_s + 1.0):
             await live.dead.wait()
 
-    # ------------------------------------------------------------------ internals
-
-    def _call_bound(self, timeout: float | None) -> float:
-        per_call = self.call_timeout if timeout is None else timeout
-        # a lost session is replaced first (connect) and a 404'd call is sent twice
-        return self.connect_timeout * 2 + per_call * 2 + _BACKSTOP_S
+    # ------------------------------------------------------------------ session ownership
 
     def _check_usable(self) -> None:
         if self._generation is not None:
@@ -337,9 +372,9 @@ class MCPConnection:
             if live is not None and live.usable:
                 return live, False
             if live is not None:
-                live.stop.set()  # the old owner unwinds on its own, bounded by close_timeout
+                live.stop.set()  # the old owner unwinds on its own, bounded by close_timeout_s
             self._live = None
-            live = await runtime.start_service(self._own, name=f"mcp-session {self.url}")
+            live = await self._start_session()
             if self._closed:  # closed while we were connecting
                 live.stop.set()
                 self._check_usable()
@@ -351,12 +386,33 @@ class MCPConnection:
             runtime.add_shutdown_hook(_close_all_at_shutdown)
             return live, True
 
-    def _mark_lost(self, live: _Live, reason: BaseException) -> None:
-        if not live.lost:
-            logger.info("MCP session lost at %s (%s); the next use reconnects", self.url, reason)
-        live.lost = True
+    async def _start_session(self) -> _Live:
+        """Start an owner task and get its session, retrying under `retry` what a
+        starting server explains (see `failures.connect_error`)."""
+        deadline = self.retry.deadline()
 
-    async def _own(self, *, task_status: Any) -> None:
+        async def attempt() -> _Live:
+            self._check_usable()  # closed during a pause: stop here
+            timeout_s = deadline.cap(self.connect_timeout_s)
+            live: _Live = await runtime.start_service(
+                self._own, timeout_s, name=f"mcp-session {self.url}"
+            )
+            return live
+
+        def retrying(failed: int, delay_s: float, exc: Exception) -> None:
+            logger.info("opening an MCP session at %s failed (%s); attempt %d in %.2f s",
+                        self.url, exc, failed + 1, delay_s)
+
+        return await self.retry.acall(
+            attempt,
+            deadline=deadline,
+            on_retry=retrying,
+            give_up=lambda last, attempts: failures.gave_up(
+                "opening the MCP session", last, attempts, endpoint=self.url
+            ),
+        )
+
+    async def _own(self, timeout_s: float, *, task_status: Any) -> None:
         """The owner task: enter the contexts, hand the session out, exit them on stop."""
         import anyio
 
@@ -370,12 +426,12 @@ class MCPConnection:
         try:
             # The timeout scope is outermost and disarmed once connected: a scope that
             # ends while task groups entered inside it are still open breaks anyio.
-            with anyio.fail_after(self.connect_timeout) as scope:
+            with anyio.fail_after(timeout_s) as scope:
                 async with AsyncExitStack() as stack:
                     client = await http.connection_client(
                         headers=self._headers,
-                        connect_timeout=self.connect_timeout,
-                        read_timeout=max(300.0, self.call_timeout + 30.0),
+                        connect_timeout=timeout_s,
+                        read_timeout=max(300.0, self.call_timeout_s + 30.0),
                         on_response=statuses,
                     )
                     stack.push_async_callback(client.aclose)
@@ -384,7 +440,7 @@ class MCPConnection:
                                                max_sse_event_size=MAX_MESSAGE_BYTES)
                     )
                     session = await stack.enter_async_context(
-                        ClientSession(read, write, read_timeout_seconds=self.call_timeout)
+                        ClientSession(read, write, read_timeout_seconds=self.call_timeout_s)
                     )
                     await session.initialize()
                     raw_tools = await _list_all(session)
@@ -394,101 +450,78 @@ class MCPConnection:
                     )
                     task_status.started(live)
                     await live.stop.wait()
-                    scope.deadline = anyio.current_time() + self.close_timeout
+                    scope.deadline = anyio.current_time() + self.close_timeout_s
         except Exception as exc:
             if live is None:
-                raise _connect_error(exc, self.url, statuses, self.connect_timeout) from exc
+                raise failures.connect_error(
+                    exc, endpoint=self.url, statuses=statuses, timeout_s=timeout_s
+                ) from exc
             live.error = exc
             live.lost = True
             logger.debug("MCP session owner for %s ended with %r", self.url, exc)
         finally:
             dead.set()
 
+    def _mark_lost(self, live: _Live, reason: BaseException) -> None:
+        if not live.lost:
+            logger.info("MCP session lost at %s (%s); the next use reconnects", self.url, reason)
+        live.lost = True
+
+    # ------------------------------------------------------------------ one call
+
     async def _send_call(
         self,
         live: _Live,
         name: str,
         arguments: dict[str, Any],
-        timeout: float | None,
+        timeout_s: float | None,
         meta: dict[str, Any],
     ) -> ToolResult:
-        import anyio
-        from mcp import MCPError
-
-        effective = self.call_timeout if timeout is None else timeout
+        effective = self.call_timeout_s if timeout_s is None else timeout_s
         try:
             result = await live.session.call_tool(
-                name, arguments, read_timeout_seconds=effective, meta=meta
+                name,
+                arguments,
+                read_timeout_seconds=effective,
+                meta=cast("RequestParamsMeta", meta),  # an open map: any JSON keys
             )
-        except MCPError as exc:
-            return self._call_failed(live, name, exc, effective)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-            # The session's write stream was already closed: the request never left.
-            raise _NeverSent(repr(exc)) from exc
-        except RuntimeError as exc:
-            text = str(exc)
-            if "structured content" in text or "Invalid schema for tool" in text:
-                # The tool ran, but its output does not match its declared output schema.
-                return ToolResult.error(f"tool {name!r} returned invalid output: {text}")
-            raise
+        except Exception as exc:
+            if failures.session_lost(exc):
+                self._mark_lost(live, exc)
+            return failures.call_failed(exc, tool=name, endpoint=self.url, timeout_s=effective)
         return ToolResult.from_mcp(result)
 
-    def _call_failed(self, live: _Live, name: str, exc: Any, timeout: float) -> ToolResult:
-        code, message = exc.code, exc.message
-        if code == _REQUEST_TIMEOUT:
-            raise DeadlineExceeded(
-                f"tool call got no answer within {timeout:g} s",
-                tool=name,
-                endpoint=self.url,
-                hint="the tool may still have run: check the environment state before "
-                "calling it again, or pass a larger timeout",
-            ) from exc
-        if code == _INVALID_REQUEST and message in _SESSION_GONE_MESSAGES:
-            raise _NeverSent(message) from exc
-        http_failure = code == _INTERNAL_ERROR and message == _HTTP_ERROR_MESSAGE
-        if code == _CONNECTION_CLOSED or http_failure:
-            if code == _CONNECTION_CLOSED:
-                self._mark_lost(live, exc)
-            raise ToolCallMayHaveRunError(
-                f"tool call failed after it may have reached the server ({message})",
-                tool=name,
-                endpoint=self.url,
-            ) from exc
-        return ToolResult.error(f"MCP error {code} from the server: {message}")
+    # ------------------------------------------------------------------ bounds
 
+    def _watchdog_s(
+        self, *, opens: int, calls: int = 0, pauses: int = 0, call_s: float | None = None
+    ) -> float | None:
+        """The blocking API's backstop for ``opens`` session setups, ``calls`` requests
+        and ``pauses`` retry pauses (``None`` when setup retries are unbounded)."""
+        setup_s = self.setup_budget_s
+        if setup_s is None:
+            return None
+        per_call = self.call_timeout_s if call_s is None else call_s
+        return opens * setup_s + calls * per_call + pauses * self.retry.cap_s + _BACKSTOP_S
+
+
+# ---------------------------------------------------------------------- dependencies
 
 _dependencies_loaded = False
-
-
-class _QuietEndedSessions(logging.Filter):
-    """Drops mcp's warning when the DELETE that ends a session answers 404 or 410.
-
-    That answer means the server already ended the session (the instance was deleted or
-    expired, or the server forgot it): the outcome the DELETE asked for. Closing the
-    sessions of a finished episode hits it routinely; other failures still warn.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not message.startswith(("Session termination failed: 404",
-                                       "Session termination failed: 410"))
+_loading: Any = None  # the asyncio future of the import in progress (loop thread only)
 
 
 def _import_dependencies() -> None:
     global _dependencies_loaded
     import httpx2  # noqa: F401
-    import jsonschema.validators  # noqa: F401 - mcp imports it lazily to check tool output
     import mcp.client.streamable_http
     import mcp.types
-    import referencing.exceptions  # noqa: F401 - likewise
 
-    transport_logger = logging.getLogger(mcp.client.streamable_http.__name__)
-    if not any(isinstance(f, _QuietEndedSessions) for f in transport_logger.filters):
-        transport_logger.addFilter(_QuietEndedSessions())
+    # mcp imports these lazily to check tool output; load them here, off the loop.
+    importlib.import_module("jsonschema.validators")
+    importlib.import_module("referencing.exceptions")
+    failures.QuietEndedSessions.install(logging.getLogger(mcp.client.streamable_http.__name__))
     _dependencies_loaded = True
-
-
-_loading: Any = None  # the asyncio future of the import in progress (loop thread only)
 
 
 async def _load_dependencies() -> None:
@@ -504,11 +537,6 @@ async def _load_dependencies() -> None:
         _loading = asyncio.ensure_future(
             runtime.in_short_thread(_import_dependencies, name="fleetenv-import"))
     await asyncio.shield(_loading)
-
-
-def _backoff(attempt: int) -> float:
-    """Jittered exponential backoff: ~0.1 s, ~0.2 s, ~0.4 s ... capped at 2 s."""
-    return min(2.0, 0.1 * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
 
 
 async def _list_all(session: ClientSession) -> list[Any]:
@@ -527,73 +555,6 @@ async def _list_all(session: ClientSession) -> list[Any]:
             return tools
         seen.add(cursor)
     return tools
-
-
-def _session_lost(exc: BaseException) -> bool:
-    """Does ``exc`` say the session is gone (so a read-only request may be retried)?"""
-    import anyio
-    from mcp import MCPError
-
-    leaf = runtime.unwrap_group(exc)
-    if isinstance(leaf, MCPError):
-        if leaf.code == _CONNECTION_CLOSED:
-            return True
-        return leaf.code == _INVALID_REQUEST and leaf.message in _SESSION_GONE_MESSAGES
-    return isinstance(leaf, (anyio.ClosedResourceError, anyio.BrokenResourceError))
-
-
-def _connect_error(
-    exc: BaseException, url: str, statuses: list[int], timeout: float
-) -> BaseException:
-    """Turn a failure to open a session into a `ConnectError` naming the endpoint."""
-    import anyio
-    import httpx2
-    from mcp import MCPError
-
-    leaf = runtime.unwrap_group(exc)
-    status = statuses[0] if statuses else None
-    if isinstance(leaf, TimeoutError):
-        return ConnectError(
-            f"no MCP session within {timeout:g} s",
-            endpoint=url,
-            hint="the environment may still be starting or overloaded; retry later or "
-            "raise connect_timeout",
-        )
-    if status in (404, 405):
-        return ConnectError(
-            f"no MCP server at this URL (HTTP {status})",
-            endpoint=url,
-            http_status=status,
-            hint="check the URL path (e.g. '/mcp' vs '/api/v1/mcp')",
-        )
-    if status in (401, 403):
-        return ConnectError(
-            f"the MCP server refused the credentials (HTTP {status})",
-            endpoint=url,
-            http_status=status,
-            hint="check the API key or token configured for this endpoint",
-        )
-    if isinstance(leaf, httpx2.HTTPError | OSError):
-        return ConnectError(
-            f"cannot connect to the MCP server: {type(leaf).__name__}: {leaf}",
-            endpoint=url,
-            hint="check that the environment instance is running and the URL is right",
-        )
-    if isinstance(leaf, MCPError):
-        return ConnectError(
-            f"the MCP handshake failed: error {leaf.code}: {leaf.message}",
-            endpoint=url,
-            http_status=status,
-            hint="check that the URL is an MCP streamable-HTTP endpoint",
-        )
-    if isinstance(leaf, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream):
-        return ConnectError(
-            f"the MCP connection closed during the handshake ({type(leaf).__name__})",
-            endpoint=url,
-            http_status=status,
-            hint="check that the environment instance is running",
-        )
-    return leaf  # not a connection problem: a bug, let it surface as itself
 
 
 # ---------------------------------------------------------------------- shutdown

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetenv import runtime
+from fleetenv.core.deprecation import renamed_kwargs
 from fleetenv.core.errors import ConfigurationError, ConnectError, FleetEnvError, ToolNotFoundError
+from fleetenv.core.retry import RetryPolicy
 from fleetenv.mcp.connection import MCPConnection
 from fleetenv.mcp.results import ToolResult
 from fleetenv.mcp.tools import Tool
@@ -31,6 +33,9 @@ __all__ = ["MODALITIES", "Endpoint", "ToolRouter", "endpoints_for"]
 MODALITIES = ("tool_use", "computer_use", "browser_use")
 
 _BACKSTOP_S = 10.0
+# Old keyword names (fleetenv 0.x), still accepted with a DeprecationWarning.
+_RENAMED_INIT = {"connect_timeout": "connect_timeout_s", "call_timeout": "call_timeout_s"}
+_RENAMED_CALL = {"timeout": "timeout_s"}
 
 
 @dataclass(frozen=True)
@@ -84,27 +89,35 @@ class ToolRouter:
 
     Blocking methods may be called from any thread but the fleetenv loop; ``a``-prefixed
     coroutines are for code on the loop. Opens on first use; `close` closes every
-    connection (also on context-manager exit).
+    connection (also on context-manager exit). ``connect_timeout_s``, ``call_timeout_s``
+    and ``retry`` (session setup) go to every `MCPConnection`.
     """
 
     def __init__(
         self,
         endpoints: Sequence[Endpoint],
         *,
-        connect_timeout: float = 10.0,
-        call_timeout: float = 60.0,
+        connect_timeout_s: float = 10.0,
+        call_timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+        **deprecated: Any,
     ) -> None:
+        if deprecated:
+            renamed = renamed_kwargs(deprecated, _RENAMED_INIT, where="ToolRouter")
+            connect_timeout_s = renamed.get("connect_timeout_s", connect_timeout_s)
+            call_timeout_s = renamed.get("call_timeout_s", call_timeout_s)
         if not endpoints:
             raise ConfigurationError("a ToolRouter needs at least one endpoint")
         self.endpoints = tuple(endpoints)
-        self.connect_timeout = connect_timeout
-        self.call_timeout = call_timeout
+        self.connect_timeout_s = connect_timeout_s
+        self.call_timeout_s = call_timeout_s
         self._connections: dict[str, MCPConnection] = {
             endpoint.url: MCPConnection(
                 endpoint.url,
                 headers=endpoint.headers,
-                connect_timeout=connect_timeout,
-                call_timeout=call_timeout,
+                connect_timeout_s=connect_timeout_s,
+                call_timeout_s=call_timeout_s,
+                retry=retry,
             )
             for endpoint in self.endpoints
         }
@@ -145,7 +158,8 @@ class ToolRouter:
 
     def open(self) -> ToolRouter:
         """Open every endpoint and build the routing table."""
-        bound = self.connect_timeout * 3 + self.call_timeout + _BACKSTOP_S
+        setup_s = self._setup_budget_s()
+        bound = None if setup_s is None else setup_s * 3 + self.call_timeout_s + _BACKSTOP_S
         runtime.call(self.aopen, timeout=bound, name="open tool router")
         return self
 
@@ -159,14 +173,19 @@ class ToolRouter:
         name: str,
         arguments: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
+        **deprecated: Any,
     ) -> ToolResult:
         """Call tool ``name`` on the endpoint that owns it."""
-        per_call = self.call_timeout if timeout is None else timeout
-        bound = self.connect_timeout * 5 + per_call * 2 + _BACKSTOP_S
+        if deprecated:
+            renamed = renamed_kwargs(deprecated, _RENAMED_CALL, where="ToolRouter.call")
+            timeout_s = renamed.get("timeout_s", timeout_s)
+        per_call = self.call_timeout_s if timeout_s is None else timeout_s
+        setup_s = self._setup_budget_s()
+        bound = None if setup_s is None else setup_s * 5 + per_call * 2 + _BACKSTOP_S
         return runtime.call(
-            functools.partial(self.acall, name, arguments, timeout=timeout, meta=meta),
+            functools.partial(self.acall, name, arguments, timeout_s=timeout_s, meta=meta),
             timeout=bound,
             name=f"call {name}",
         )
@@ -176,12 +195,16 @@ class ToolRouter:
         name: str,
         arguments: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
+        **deprecated: Any,
     ) -> concurrent.futures.Future[ToolResult]:
         """Start a call and return its future at once."""
+        if deprecated:
+            renamed = renamed_kwargs(deprecated, _RENAMED_CALL, where="ToolRouter.call_future")
+            timeout_s = renamed.get("timeout_s", timeout_s)
         return runtime.submit(
-            functools.partial(self.acall, name, arguments, timeout=timeout, meta=meta),
+            functools.partial(self.acall, name, arguments, timeout_s=timeout_s, meta=meta),
             name=f"call {name}",
         )
 
@@ -237,12 +260,17 @@ class ToolRouter:
         name: str,
         arguments: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
+        **deprecated: Any,
     ) -> ToolResult:
         """Coroutine twin of `call`."""
+        if deprecated:
+            renamed = renamed_kwargs(deprecated, _RENAMED_CALL, where="ToolRouter.acall")
+            timeout_s = renamed.get("timeout_s", timeout_s)
         await self.aopen()
-        return await self._owner(name).acall_tool(name, arguments, timeout=timeout, meta=meta)
+        return await self._owner(name).acall_tool(name, arguments, timeout_s=timeout_s,
+                                                  meta=meta)
 
     async def aclose(self) -> None:
         """Coroutine twin of `close`."""
@@ -253,6 +281,11 @@ class ToolRouter:
                 group.start_soon(connection.aclose)
 
     # ------------------------------------------------------------------ internals
+
+    def _setup_budget_s(self) -> float | None:
+        """The longest any endpoint's session setup may take (``None``: unbounded)."""
+        budgets = [connection.setup_budget_s for connection in self._connections.values()]
+        return None if None in budgets else max(b for b in budgets if b is not None)
 
     def _route(self, outcomes: Mapping[str, Exception | None]) -> None:
         tools: list[Tool] = []

@@ -13,43 +13,39 @@ so a worker process can import it; a lambda or a closure cannot cross.
 
 from __future__ import annotations
 
+import os
 import pickle
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fleetenv.core.config import FleetConfig
-from fleetenv.core.errors import ConfigurationError, FleetEnvError, redact
+from fleetenv.core.errors import ConfigurationError, RolloutCancelled, redact
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event
 from fleetenv.core.tasks import Task
-from fleetenv.rollouts.episode import CancelToken, RolloutCancelled, RolloutResult, run_episode
+from fleetenv.core.vocabulary import StopReason
+from fleetenv.fleet.session import Session
 from fleetenv.rollouts.policy import Policy, PolicyContext, PolicySpec
+from fleetenv.rollouts.rollout import CancelToken, RolloutResult, run_episode
 
 __all__ = [
     "JobOutcome",
     "PolicyLike",
     "RolloutJob",
     "RolloutSettings",
-    "RolloutWorkerError",
     "check_picklable",
     "describe_policy",
     "failed_result",
     "run_job",
     "run_job_collecting_events",
+    "worker_session",
 ]
 
 PolicyLike = Policy | PolicySpec | Callable[[PolicyContext], Any] | str
 """Anything ``as_policy`` accepts: a policy, a spec, a function of the context, a spec
 string such as ``"reference"`` or ``"import:pkg.mod:attr"``."""
-
-
-class RolloutWorkerError(FleetEnvError):
-    """The executor could not run a rollout or hand back its result (a worker process
-    died, the result could not be unpickled, the job was cancelled before it started)."""
-
-    default_hint = ("the other rollouts are unaffected; check the worker's stderr, or run "
-                    "with the default thread executor to see the full traceback")
 
 
 @dataclass(frozen=True)
@@ -102,29 +98,49 @@ def describe_policy(policy: Any) -> str:
     return getattr(policy, "__qualname__", None) or type(policy).__name__
 
 
-def run_job(job: RolloutJob, *, events: EventBus | None = None,
+def run_job(job: RolloutJob, *, session: Session | None = None,
+            events: EventBus | None = None,
             cancel: CancelToken | None = None) -> RolloutResult:
     """Run one rollout; never raises for a broken episode (see ``run_episode``).
 
-    ``events`` and ``cancel`` are live objects, for thread executors only; in another
-    process the episode uses that process's default bus and cannot be cancelled from
-    the parent (the runner sweeps its instances by tag instead).
+    ``session``, ``events`` and ``cancel`` are live objects, for thread executors only.
+    In another process the rollout runs on that process's session for the job's settings
+    (one per run, see :func:`worker_session`) and cannot be cancelled from the parent
+    (the runner sweeps its instances by tag instead).
     """
     settings = job.settings
     if cancel is not None and cancel.is_set():  # picked up after the run was cancelled
         return failed_result(job, RolloutCancelled("the run was cancelled before this "
-                                                   "rollout started"), stop_reason="cancelled")
+                                                   "rollout started"),
+                             stop_reason=StopReason.CANCELLED)
     try:
-        config = settings.effective_config()
+        session = session or worker_session(settings)
     except Exception as exc:
         return failed_result(job, exc)
-    result = run_episode(job.task, job.policy, config=config, sample=job.sample,
+    result = run_episode(job.task, job.policy, session=session, sample=job.sample,
                          events=events, max_steps=settings.max_steps,
-                         system_prompt=settings.system_prompt, cancel=cancel)
-    if cancel is not None and cancel.is_set() and result.stop_reason == "error":
+                         system_prompt=settings.system_prompt, cancel=cancel,
+                         run_tag=settings.run_tag)
+    if cancel is not None and cancel.is_set() and result.stop_reason is StopReason.ERROR:
         # The error is the cancellation's doing (its env was closed under a tool call).
-        result.stop_reason = "cancelled"
+        result.stop_reason = StopReason.CANCELLED
     return result
+
+
+_worker_lock = threading.Lock()
+_worker_sessions: dict[tuple[int, str | None], Session] = {}
+
+
+def worker_session(settings: RolloutSettings) -> Session:
+    """The session a worker process runs a run's rollouts on: one per run (keyed by its
+    tag), built from the settings the runner sent, so the run's caps and budgets hold
+    in every worker. Closed at interpreter exit with the process's other sessions."""
+    key = (os.getpid(), settings.run_tag)
+    with _worker_lock:
+        session = _worker_sessions.get(key)
+        if session is None or session.closed:
+            session = _worker_sessions[key] = Session(settings.effective_config())
+        return session
 
 
 def run_job_collecting_events(job: RolloutJob) -> JobOutcome:
@@ -137,7 +153,7 @@ def run_job_collecting_events(job: RolloutJob) -> JobOutcome:
 
 
 def failed_result(job: RolloutJob, exc: BaseException, *,
-                  stop_reason: str = "error") -> RolloutResult:
+                  stop_reason: StopReason = StopReason.ERROR) -> RolloutResult:
     """A result record for a rollout that never produced its own."""
     return RolloutResult(
         task_key=job.task.key, env_key=job.task.env_spec, sample=job.sample,

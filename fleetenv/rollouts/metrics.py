@@ -26,8 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fleetenv.core.errors import ConfigurationError
-from fleetenv.rollouts.episode import RolloutResult
+from fleetenv.core.errors import MetricsError
+from fleetenv.rollouts.rollout import RolloutResult
 
 __all__ = [
     "EnvBreakdown",
@@ -39,10 +39,6 @@ __all__ = [
     "percentile",
     "summarize",
 ]
-
-
-class MetricsError(ConfigurationError, ValueError):
-    """A metric was asked for with arguments it is not defined for."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

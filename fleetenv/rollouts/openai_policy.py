@@ -70,6 +70,12 @@ class OpenAIChatPolicy:
     backoff pauses.
     """
 
+    # Set by _setup_runtime_state (again after unpickling: they do not cross processes).
+    _lock: threading.Lock
+    _local: threading.local
+    _sessions: weakref.WeakSet[requests.Session]
+    _stats: dict[str, int]
+
     def __init__(
         self,
         model: str,
@@ -154,7 +160,7 @@ class OpenAIChatPolicy:
         choices = data.get("choices") if isinstance(data, Mapping) else None
         first = choices[0] if isinstance(choices, list) and choices else None
         message = first.get("message") if isinstance(first, Mapping) else None
-        if not isinstance(message, Mapping):
+        if not isinstance(first, Mapping) or not isinstance(message, Mapping):
             self._count_failure()
             raise self._error(FleetEnvError, "the model server's answer has no "
                               "choices[0].message", "check base_url points at an "
@@ -207,7 +213,7 @@ class OpenAIChatPolicy:
     def _setup_runtime_state(self, stats: dict[str, int] | None = None) -> None:
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._sessions: weakref.WeakSet[requests.Session] = weakref.WeakSet()
+        self._sessions = weakref.WeakSet()
         self._stats = dict(stats or dict.fromkeys(
             ("requests", "retries", "failures", "prompt_tokens", "completion_tokens"), 0))
 
@@ -251,7 +257,8 @@ class OpenAIChatPolicy:
                 self._count_failure()
                 if self.max_retries:
                     raise type(failure)(f"{failure.message} (gave up after {attempt + 1} "
-                                        "attempts)", hint=failure.hint, **failure.context)
+                                        "attempts)", hint=failure.hint,
+                                        retryable=failure.retryable, **failure.context)
                 raise failure
             delay = wait if wait is not None else self.backoff.delay(attempt)
             attempt += 1

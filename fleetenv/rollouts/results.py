@@ -20,16 +20,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from fleetenv.core.errors import ConfigurationError
-from fleetenv.rollouts.episode import RolloutResult
+from fleetenv.core.errors import ResultsFileError
+from fleetenv.rollouts.rollout import RolloutResult
 
 __all__ = ["ResultsFileError", "ResultsWriter", "iter_results", "read_results"]
 
 _REQUIRED = ("task_key", "env_key")
-
-
-class ResultsFileError(ConfigurationError):
-    """A results file could not be written, or one of its lines is not a rollout result."""
 
 
 def _json_fallback(value: Any) -> Any:

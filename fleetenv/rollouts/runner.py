@@ -1,24 +1,31 @@
 """``Runner``: many rollouts in parallel on any ``concurrent.futures.Executor``.
 
-    from fleetenv.rollouts.runner import Runner
-    from fleetenv.rollouts.results import ResultsWriter
+    from fleetenv import Runner, ResultsWriter
 
     with Runner(workers=8) as runner, ResultsWriter("results.jsonl") as out:
         for result in runner.run(tasks, "reference", samples_per_task=4):
             out.write(result)                       # in the order rollouts finish
 
+Sessions
+--------
+A runner runs on a :class:`~fleetenv.Session`: ``Runner(session=s)`` uses yours (and
+leaves it open), ``Runner(config=...)`` or ``Runner()`` makes its own and closes it with
+the runner. Either way the run tags its instances with its own ``run_tag``, so cancelling
+a run sweeps only that run's instances.
+
 Executors
 ---------
 * Threads (default: a ``ThreadPoolExecutor(workers)`` the runner owns). Jobs get the live
-  objects: the policy object as given, the runner's shared ``EventBus`` and its
+  objects: the policy object as given, the session, the runner's ``EventBus`` and its
   ``CancelToken``. MCP traffic of every episode runs on fleetenv's one event-loop thread;
   the worker threads only block, so threads are the right default for LLM agents (the
   time goes to waiting on the model and the tools, not to Python).
 * A spawn ``ProcessPoolExecutor`` (for policies that burn CPU in Python). Jobs must
   pickle: a ``PolicySpec``, a spec string, a module-level function or a picklable policy
   object; anything else is a ``ConfigurationError`` at ``submit()``. Each worker process
-  has its own event loop and, in local mode, talks to the *parent's* embedded Fleet (the
-  runner rewrites the config with its URL and token). Worker events come back with the
+  has its own event loop and its own session for the run, built from the settings the
+  runner sends; in local mode it talks to the *parent's* embedded Fleet (the runner
+  rewrites the config with its URL and token). Worker events come back with the
   result and are re-emitted on the runner's bus, so accounting covers them too.
 * A distributed executor, e.g. Dask: ``Runner(executor=dask_client.get_executor(),
   workers=<number of worker processes>, config=resolve_config(api_key=...))``. Treated
@@ -31,10 +38,10 @@ Caps
   so ``run()`` over 10 000 tasks holds at most that many futures, not 10 000. Since an
   episode holds at most one instance, this also bounds live instances of the run.
 * Instances being created / live (``FleetConfig.max_creating_instances`` /
-  ``max_live_instances``) are process-wide gates (``fleetenv.fleet.limits``). With threads
-  they apply as configured. With a process pool each worker process has its own gates, so
-  the runner divides both caps by ``workers`` (at least 1 each) in the config it sends to
-  workers: pass ``workers`` equal to the pool's process count for the totals to hold.
+  ``max_live_instances``) are the session's caps. With threads they apply as configured.
+  With a process pool each worker process has its own session, so the runner divides both
+  caps by ``workers`` (at least 1 each) in the config it sends to workers: pass
+  ``workers`` equal to the pool's process count for the totals to hold.
 
 Failures and cancellation
 -------------------------
@@ -53,23 +60,28 @@ import concurrent.futures
 import logging
 import queue
 import threading
-import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
-from fleetenv.core.config import FleetConfig, resolve_config
-from fleetenv.core.errors import ConfigurationError, EpisodeStateError
+from fleetenv.core.config import FleetConfig
+from fleetenv.core.errors import (
+    ConfigurationError,
+    EpisodeStateError,
+    RolloutCancelled,
+    RolloutWorkerError,
+)
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
-from fleetenv.rollouts.episode import CancelToken, RolloutCancelled, RolloutResult
+from fleetenv.core.vocabulary import Modality, StopReason
+from fleetenv.fleet.provisioning import new_run_tag
+from fleetenv.fleet.session import Session
 from fleetenv.rollouts.jobs import (
     JobOutcome,
     PolicyLike,
     RolloutJob,
     RolloutSettings,
-    RolloutWorkerError,
     check_picklable,
     failed_result,
     run_job,
@@ -77,6 +89,7 @@ from fleetenv.rollouts.jobs import (
 )
 from fleetenv.rollouts.policy import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
+from fleetenv.rollouts.rollout import CancelToken, RolloutResult
 
 __all__ = ["PolicyLike", "Runner"]
 
@@ -96,6 +109,7 @@ class Runner:
         *,
         workers: int = 8,
         executor: Executor | None = None,
+        session: Session | None = None,
         config: FleetConfig | None = None,
         events: EventBus | None = None,
         max_in_flight: int | None = None,
@@ -110,26 +124,24 @@ class Runner:
             raise ConfigurationError(f"max_in_flight must be at least 1, got {max_in_flight}",
                                      hint="leave it unset to use the number of workers",
                                      field="max_in_flight")
-        config = config if config is not None else resolve_config()
-        self.run_tag: str = config.run_tag or f"fleetenv-run-{uuid.uuid4().hex[:12]}"
-        if config.use_local:
-            # Start the embedded Fleet here, in the parent, and point every worker (thread
-            # or process) at it; a worker process would otherwise start its own.
-            from fleetenv.fleet.backend import local_fleet
-
-            local = local_fleet()
-            config = config.replace(api_key=local.token, base_url=local.base_url,
-                                    use_local=False)
-        self.config: FleetConfig = config.replace(run_tag=self.run_tag)
+        if session is not None and config is not None:
+            raise ConfigurationError("pass either session= or config=, not both",
+                                     hint="the session already holds the settings")
+        self._owns_session = session is None
+        self.session: Session = session if session is not None else Session(
+            config, events=events)
+        self.config: FleetConfig = self.session.config
+        self.run_tag: str = (self.config.run_tag if self._owns_session and self.config.run_tag
+                             else new_run_tag())
         self.workers = workers
         self.max_in_flight = max_in_flight or workers
-        self.events = events if events is not None else EventBus()
+        self.events: EventBus = events if events is not None else self.session.events
         self._owns_executor = executor is None
         self._executor: Executor = executor or ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="fleetenv-rollout")
         self._in_process = isinstance(self._executor, ThreadPoolExecutor)
-        job_config = self.config if self._in_process else _per_process_caps(self.config,
-                                                                            workers)
+        job_config = (self.config if self._in_process
+                      else _worker_config(self.session, workers))
         self._settings = RolloutSettings(config=job_config, max_steps=max_steps,
                                          system_prompt=system_prompt, run_tag=self.run_tag)
         self._slots = threading.Semaphore(self.max_in_flight)
@@ -289,8 +301,8 @@ class Runner:
         outer.set_running_or_notify_cancel()
         try:
             if self._in_process:
-                inner = self._executor.submit(run_job, job, events=self.events,
-                                              cancel=self._token)
+                inner = self._executor.submit(run_job, job, session=self.session,
+                                              events=self.events, cancel=self._token)
             else:
                 inner = self._executor.submit(run_job_collecting_events, job)
         except Exception as exc:  # a broken or shut-down pool: this rollout fails, not us
@@ -328,7 +340,7 @@ class Runner:
         if inner.cancelled():
             return failed_result(job, RolloutCancelled("the run was cancelled before this "
                                                        "rollout started"),
-                                 stop_reason="cancelled")
+                                 stop_reason=StopReason.CANCELLED)
         exc = inner.exception()
         if exc is None:
             value = inner.result()
@@ -340,7 +352,7 @@ class Runner:
             raise TypeError(f"the worker returned a {type(value).__name__}")
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C reached a worker process
             return failed_result(job, RolloutCancelled("the worker was interrupted"),
-                                 stop_reason="cancelled")
+                                 stop_reason=StopReason.CANCELLED)
         self._worker_lost = True
         return failed_result(job, RolloutWorkerError(
             f"the rollout's worker failed: {type(exc).__name__}: {exc}",
@@ -371,10 +383,8 @@ class Runner:
         self._sweep()
 
     def _sweep(self) -> list[str]:
-        from fleetenv.fleet.backend import get_backend
-
         try:
-            swept = get_backend(self.config).provisioner.sweep_tag(self.run_tag)
+            swept = self.session.sweep(self.run_tag)
         except Exception as exc:  # cleanup continues; TTLs reap what a failed sweep left
             logger.warning("could not sweep instances tagged %s: %s (they expire with their "
                            "TTL; `fleetenv` can sweep leftovers later)", self.run_tag, exc)
@@ -386,10 +396,8 @@ class Runner:
     def _sweep_uncertain_creates(self) -> None:
         """Leftovers of creates that failed after the server may have made the instance;
         sends nothing unless such a failure happened under this run's tag."""
-        from fleetenv.fleet.backend import get_backend
-
         try:
-            get_backend(self.config).provisioner.sweep(self.run_tag)
+            self.session.provisioner.sweep(self.run_tag)
         except Exception as exc:  # TTLs reap what a failed sweep left
             logger.warning("could not sweep leftovers tagged %s: %s", self.run_tag, exc)
 
@@ -419,12 +427,13 @@ class Runner:
             self._sweep_uncertain_creates()
         if self._owns_executor:
             self._executor.shutdown(wait=not not_done, cancel_futures=True)
+        if self._owns_session:
+            self.session.close()
         self._progress.close()
 
     def _longest_episode_s(self) -> float:
         config = self.config
-        longest = max(config.episode_deadline_for(m)  # type: ignore[arg-type]
-                      for m in ("tool_use", "computer_use", "browser_use"))
+        longest = max(config.episode_deadline_for(m) for m in Modality)
         return config.provision_budget_s + longest + config.verifier_timeout_s
 
     def __enter__(self) -> Runner:
@@ -437,8 +446,20 @@ class Runner:
         self.close()
 
 
-def _per_process_caps(config: FleetConfig, processes: int) -> FleetConfig:
-    """Each worker process has its own process-wide gates: split the totals among them."""
+def _worker_config(session: Session, processes: int) -> FleetConfig:
+    """The settings worker processes build their sessions from.
+
+    Each worker process has its own session and caps, so the totals are split among them.
+    In local mode the workers are pointed at this process's embedded Fleet (started here,
+    once); a worker would otherwise start its own.
+    """
+    config = session.config
+    if config.use_local:
+        from fleetenv.fleet.backend import local_fleet
+
+        local = local_fleet()
+        config = config.replace(api_key=local.token, base_url=local.base_url,
+                                use_local=False)
     return config.replace(
         max_creating_instances=max(1, config.max_creating_instances // processes),
         max_live_instances=max(1, config.max_live_instances // processes))

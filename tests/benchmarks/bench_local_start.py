@@ -7,12 +7,17 @@ Measured in the same run, each in a fresh ``python -c`` process, alternating rou
 (b) the floor for any Python ASGI server here: import uvicorn and starlette and answer one
     request from a one-route app on the same kind of socket.
 
-Also the seed-database build time per sample app (in process, best of 5).
+Also the seed-database build time per sample app (in process, best of 5), and, warm
+and in process, how long provisioning one instance takes per bundled app: (c)
+fleet-python's ``client.make(app)`` until it returns a running instance, against (d) the
+floor of any control-plane request, ``client.instance(id)`` (one GET) with the same client,
+interleaved, medians over ``--makes`` rounds (the tests used to assert (c) < 5 s).
 
 Prints a table; the LAST line is JSON:
-``{"cold_start_s": ..., "asgi_floor_s": ..., "ratio_vs_floor": ..., "seed_build_ms": {...}}``.
+``{"cold_start_s": ..., "asgi_floor_s": ..., "ratio_vs_floor": ..., "seed_build_ms": {...},
+"make_ms": {...}, "control_get_ms": ..., "make_ratio_vs_get": {...}}``.
 
-    python tests/benchmarks/bench_local_start.py [--rounds 5]
+    python tests/benchmarks/bench_local_start.py [--rounds 5] [--makes 10]
 """
 
 from __future__ import annotations
@@ -85,9 +90,36 @@ def seed_build_ms() -> dict[str, float]:
     return timings
 
 
+def provisioning_ms(rounds: int) -> tuple[dict[str, float], float]:
+    """Median ms of (c) ``client.make(app)`` per bundled app and of (d) one control GET."""
+    from fleetenv.local import LocalFleet
+
+    makes: dict[str, list[float]] = {}
+    gets: list[float] = []
+    with LocalFleet() as local:
+        client = local.client()
+        apps = sorted(env.env_key for env in client.list_envs())
+        for app in apps:  # warm up every app's first-instance path once
+            client.make(app).close()
+        for _ in range(rounds):
+            for app in apps:
+                started = time.perf_counter()
+                env = client.make(app)
+                makes.setdefault(app, []).append(time.perf_counter() - started)
+                assert env.status == "running", env.status
+                started = time.perf_counter()
+                client.instance(env.instance_id)
+                gets.append(time.perf_counter() - started)
+                env.close()
+        client._httpx_client.close()
+    return ({app: round(statistics.median(v) * 1000, 1) for app, v in makes.items()},
+            round(statistics.median(gets) * 1000, 2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--makes", type=int, default=10, help="rounds of (c)/(d)")
     args = parser.parse_args()
     run_probe(LOCAL_FLEET)  # warm the OS file cache and .pyc files once
     local, floor = [], []
@@ -96,13 +128,19 @@ def main() -> None:
         floor.append(run_probe(ASGI_FLOOR))
     cold, base = statistics.median(local), statistics.median(floor)
     seeds = seed_build_ms()
+    makes, get_ms = provisioning_ms(args.makes)
     print(f"{'measure':<44}{'median':>10}")
     print(f"{'(a) LocalFleet cold start to first answer':<44}{cold:>9.3f}s")
     print(f"{'(b) uvicorn+starlette floor':<44}{base:>9.3f}s")
     for key, ms in seeds.items():
         print(f"{'seed build ' + key:<44}{ms:>8.1f}ms")
+    for key, ms in makes.items():
+        print(f"{'(c) make ' + key:<44}{ms:>8.1f}ms  = {ms / get_ms:.0f}x (d)")
+    print(f"{'(d) control-plane GET (same client)':<44}{get_ms:>8.2f}ms")
     print(json.dumps({"cold_start_s": round(cold, 3), "asgi_floor_s": round(base, 3),
-                      "ratio_vs_floor": round(cold / base, 2), "seed_build_ms": seeds}))
+                      "ratio_vs_floor": round(cold / base, 2), "seed_build_ms": seeds,
+                      "make_ms": makes, "control_get_ms": get_ms,
+                      "make_ratio_vs_get": {k: round(v / get_ms, 1) for k, v in makes.items()}}))
 
 
 if __name__ == "__main__":

@@ -56,8 +56,8 @@ import fleetenv
 from fleetenv.core.event_bus import EventBus
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
-from fleetenv.rollouts.episode import RolloutResult
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
+from fleetenv.rollouts.rollout import RolloutResult
 from fleetenv.rollouts.runner import Runner
 
 CREATE_FAULTS = ("create_transient", "create_permanent", "control_429", "control_5xx")

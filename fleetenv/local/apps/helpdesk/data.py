@@ -224,7 +224,8 @@ def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -
         [(1, "urgent", 1, 8), (2, "high", 4, 24), (3, "normal", 8, 72), (4, "low", 24, 168)],
     )
 
-    tickets, comments, ticket_tags = [], [], []
+    tickets, comments = [], []
+    ticket_tags: list[tuple[int, int, int]] = []  # (id, ticket_id, tag_id)
     comment_id = 1
     for ticket_id in range(1001, 1421):
         team = rng.choices(TEAMS, weights=(4, 5, 3))[0]

@@ -188,7 +188,9 @@ def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -
     rng = random.Random(_RANDOM_SEED)
     conn.executescript(SCHEMA)
 
-    products, inventory = [], []
+    # (id, sku, name, category, price_cents, active)
+    products: list[tuple[int, str, str, str, int, int]] = []
+    inventory = []
     for category in CATEGORIES:
         for index, (name, price) in enumerate(_PRODUCTS[category], start=1):
             product_id = len(products) + 1
@@ -221,7 +223,11 @@ def build_database(conn: sqlite3.Connection, data_key: str, data_version: str) -
     percent_by_code = {c[1]: c[2] for c in coupons}
     uses = {c[1]: 0 for c in coupons}
 
-    orders, items, refunds = [], [], []
+    orders = []
+    # (id, order_id, product_id, quantity, unit_price_cents)
+    items: list[tuple[int, int, int, int, int]] = []
+    # (id, order_id, amount_cents, reason, restocked, note, created_at)
+    refunds: list[tuple[int, int, int, str, int, str | None, str]] = []
     sellable = [p for p in products if p[5] == 1]
     for order_id in range(5001, 5361):
         customer = rng.choice(customers)

@@ -10,16 +10,21 @@ Lifecycle::
                 break                            # reward is the grade (or None: unknown)
     # close(): grade an abandoned episode, close MCP sessions, delete the instance
 
+Who owns what: the :class:`~fleetenv.Session` owns settings, caps, retries and the
+event bus; :class:`~fleetenv.env.instance.InstanceLease` owns this env's instance;
+:class:`~fleetenv.env.state.EpisodeState` owns the counters and outcome of the current
+episode; :func:`~fleetenv.env.grading.grade_once` runs the verifier once. This class
+routes actions between them, and that is all.
+
 Rules this object keeps, each one a bug the previous Fleet client had:
 
 - The verifier runs exactly once per episode: when it ends, or at ``close()`` for an
-  episode the caller abandoned. The grade is stored *by the blocking call that computes
-  it*, so cancelling the caller cannot lose it, and every later look returns the same.
+  episode the caller abandoned; its grade is kept even if the caller is cancelled.
 - The reward is a float when graded and ``None`` with a reason when the grade is unknown
   (no verifier, verifier error, instance gone); a failure is never a 0.0.
 - ``terminated`` means the agent finished (final answer / done); ``truncated`` means the
-  episode was cut (step limit, episode deadline, instance expired). ``info["stop_reason"]``
-  says which.
+  episode was cut (step limit, episode deadline, instance expired).
+  ``info["stop_reason"]`` says which (a :class:`~fleetenv.StopReason`).
 - Unknown tools, malformed arguments, tool errors and tool timeouts are observations the
   agent sees (``obs.is_error``), and the episode goes on. A call that may have run is
   never replayed.
@@ -39,25 +44,18 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fleetenv.core.config import FleetConfig, resolve_config
+from fleetenv.core.config import FleetConfig
+from fleetenv.core.deprecation import renamed_kwargs
 from fleetenv.core.errors import (
     ConfigurationError,
     DeadlineExceeded,
     EpisodeStateError,
     FleetEnvError,
-    InstanceGoneError,
     ToolArgumentsError,
-    ToolCallMayHaveRunError,
     ToolNotFoundError,
 )
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import (
-    InstanceDeleted,
-    InstanceDeleteFailed,
-    InstanceProvisioned,
-    ProvisioningFailed,
-    ProvisioningRetry,
-    ResetFailed,
     RolloutCompleted,
     RolloutRef,
     RolloutStarted,
@@ -65,8 +63,8 @@ from fleetenv.core.events import (
     ToolErrorReported,
     VerifierFailed,
 )
-from fleetenv.core.retry import Deadline
 from fleetenv.core.tasks import Task
+from fleetenv.core.vocabulary import GradeReason, Modality, StopReason
 from fleetenv.env.actions import (
     SUBMIT_FINAL_ANSWER,
     SUBMIT_FINAL_ANSWER_TOOL,
@@ -77,42 +75,36 @@ from fleetenv.env.actions import (
     parse_action,
 )
 from fleetenv.env.driver import Blocking, OnLoop, Plan, run_async, run_sync
+from fleetenv.env.grading import grade_once
+from fleetenv.env.instance import InstanceLease
 from fleetenv.env.observation import Observation
+from fleetenv.env.state import EpisodeState, EpisodeStats
+from fleetenv.fleet.session import Session, default_session
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.fleet.backend import Backend
-    from fleetenv.fleet.provisioning import Instance
     from fleetenv.fleet.verifier import Grade
     from fleetenv.mcp.results import ToolResult
     from fleetenv.mcp.router import ToolRouter
     from fleetenv.mcp.tools import Tool
 
-StepResult = tuple[Observation, "float | None", bool, bool, dict[str, Any]]
+__all__ = ["FleetEnv", "StepResult"]
 
-#: Stop reasons. "agent_done" terminates; the others truncate.
-TERMINATING = frozenset({"agent_done"})
-TRUNCATING = frozenset({"max_steps", "time_limit", "instance_expired"})
+StepResult = tuple[Observation, "float | None", bool, bool, dict[str, Any]]
+"""``(observation, reward, terminated, truncated, info)``, as in Gymnasium."""
 
 _COMPUTER_TOOL = "computer"
 _BACKSTOP_S = 15.0  # extra slack for the loop-side watchdog beyond the tool's own timeout
-_default_bus: EventBus | None = None
-_default_bus_lock = threading.Lock()
-
-
-def default_event_bus() -> EventBus:
-    """The process-wide event bus episodes use unless given one (logging sink)."""
-    global _default_bus
-    with _default_bus_lock:
-        if _default_bus is None:
-            _default_bus = EventBus()
-        return _default_bus
 
 
 class FleetEnv:
     """One Fleet task, played as episodes of ``reset`` / ``step`` on a live instance.
 
     ``task`` is a :class:`fleetenv.Task` or a dict in any task format in circulation.
-    Without ``api_key`` (or ``FLEET_API_KEY``) the embedded local Fleet is used.
+    ``session`` is the :class:`fleetenv.Session` to run on; without one, the default
+    session (``FLEET_API_KEY`` or, without a key, the embedded local Fleet). Passing
+    ``config=`` or ``api_key=``/``base_url=`` instead gives the env a private session
+    with those settings, closed with the env.
+
     Not thread-safe for concurrent ``step`` calls (an episode is one agent), but
     ``close()`` may be called from any thread.
     """
@@ -121,76 +113,64 @@ class FleetEnv:
         self,
         task: Task | Mapping[str, Any],
         *,
+        session: Session | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         config: FleetConfig | None = None,
         max_steps: int | None = None,
         ttl_seconds: int | None = None,
-        episode_timeout_s: float | None = None,
+        episode_deadline_s: float | None = None,
         events: EventBus | None = None,
         max_text_chars: int = 16_000,
+        run_tag: str | None = None,
+        **deprecated: Any,
     ) -> None:
-        self.task = task if isinstance(task, Task) else Task.model_validate(dict(task))
-        if config is not None and (api_key is not None or base_url is not None):
-            raise ConfigurationError("pass either config= or api_key=/base_url=, not both")
-        self.config = config or resolve_config(api_key=api_key, base_url=base_url)
+        renamed = renamed_kwargs(deprecated, {"episode_timeout_s": "episode_deadline_s"},
+                                 where="FleetEnv")
+        episode_deadline_s = renamed.get("episode_deadline_s", episode_deadline_s)
+        self.task = _as_task(task)
+        self.session, self._owns_session = _pick_session(session, config, api_key, base_url)
+        self.config: FleetConfig = self.session.config
+        modality = self.task.modality
         self.max_steps = max_steps or self.config.max_steps
-        self.ttl_seconds = ttl_seconds or self.config.ttl_for(self.task.modality)
-        self.episode_timeout_s = episode_timeout_s or self.config.episode_deadline_for(
-            self.task.modality)
+        self.ttl_seconds = ttl_seconds or self.config.ttl_for(modality)
+        self.episode_deadline_s = (episode_deadline_s
+                                   or self.config.episode_deadline_for(modality))
         self.max_text_chars = max_text_chars
-        self.events = events or default_event_bus()
+        self.events = events if events is not None else self.session.events
 
-        self._lock = threading.RLock()
-        self._backend: Backend | None = None
-        self._instance: Instance | None = None
+        self._ref = RolloutRef(task_key=self.task.key, env_key=self.task.env_spec)
+        self._lease = InstanceLease(self.session, self.task, ttl_seconds=self.ttl_seconds,
+                                    run_tag=run_tag, emit=self._emit,
+                                    on_instance=self._on_instance)
+        self._state = EpisodeState()
         self._router: ToolRouter | None = None
         self._tools: list[Tool] = []
         self._openai_tools: list[dict[str, Any]] = []
         self._closed = False
-        self._last_instance_id: str | None = None
-        self._ref = RolloutRef(task_key=self.task.key, env_key=self.task.env_spec)
-        self._new_episode_state()
-        self._episode_active = False
+        self._close_lock = threading.Lock()
         self._episodes = 0
 
-    def _new_episode_state(self) -> None:
-        self._step = 0
-        self._tool_calls = 0
-        self._tool_errors: list[str] = []
-        self._stop_reason: str | None = None
-        self._final_answer: str | None = None
-        self._grade: Grade | None = None
-        self._grade_lock = threading.Lock()
-        self._completed = False
-        self._deadline = Deadline(None)
-        self._started_at = time.monotonic()
-        self._timings: dict[str, float] = {"provision_s": 0.0, "steps_s": 0.0, "verify_s": 0.0}
-
     def __repr__(self) -> str:
-        where = self._instance.instance_id if self._instance else "no instance"
-        state = "closed" if self._closed else f"step {self._step}"
+        where = self.instance_id or "no instance"
+        state = "closed" if self._closed else f"step {self._state.step}"
         return f"<FleetEnv task={self.task.key!r} env={self.task.env_spec!r} {where} {state}>"
 
     # ------------------------------------------------------------------ public views
 
     @property
     def instance_id(self) -> str | None:
-        return self._instance.instance_id if self._instance else None
+        return self._lease.instance_id
 
     @property
     def last_instance_id(self) -> str | None:
         """The id of the most recent instance, kept after ``close()`` deleted it."""
-        return self._last_instance_id
-
-    @property
-    def final_answer(self) -> str | None:
-        """The answer submitted in this episode (``submit_final_answer``), if any."""
-        return self._final_answer
+        return self._lease.last_instance_id
 
     @property
     def root_url(self) -> str | None:
-        return self._instance.root_url if self._instance else None
+        instance = self._lease.instance
+        return instance.root_url if instance else None
 
     @property
     def rollout_id(self) -> str:
@@ -207,54 +187,54 @@ class FleetEnv:
         return list(self._openai_tools)
 
     @property
-    def turns(self) -> int:
-        return self._step
-
-    @property
-    def tool_calls(self) -> int:
-        return self._tool_calls
-
-    @property
-    def tool_errors(self) -> int:
-        return len(self._tool_errors)
-
-    @property
-    def tool_error_messages(self) -> list[str]:
-        return list(self._tool_errors)
-
-    @property
     def done(self) -> bool:
-        return self._stop_reason is not None
+        return self._state.done
 
     @property
-    def stop_reason(self) -> str | None:
-        return self._stop_reason
+    def stop_reason(self) -> StopReason | None:
+        return self._state.stop_reason
+
+    @property
+    def final_answer(self) -> str | None:
+        """The answer submitted in this episode (``submit_final_answer``), if any."""
+        return self._state.final_answer
 
     @property
     def grade(self) -> Grade | None:
         """The verification outcome once the episode ended (else ``None``)."""
-        return self._grade
+        return self._state.grade
 
     @property
     def reward(self) -> float | None:
         """The graded reward, or ``None`` (not graded yet, or the grade is unknown)."""
-        return self._grade.reward if self._grade else None
+        grade = self._state.grade
+        return grade.reward if grade else None
 
     @property
-    def verifier_stdout(self) -> str | None:
-        return self._grade.stdout if self._grade else None
+    def stats(self) -> EpisodeStats:
+        """The current episode's counters and timings."""
+        return self._state.stats()
+
+    # The counters one at a time, as 0.1 and the OpenEnv drop-in read them.
+    @property
+    def turns(self) -> int:
+        return self._state.step
 
     @property
-    def verifier_error(self) -> str | None:
-        return self._grade.error if self._grade else None
+    def tool_calls(self) -> int:
+        return self._state.tool_calls
 
     @property
-    def verifier_execution_id(self) -> str | None:
-        return self._grade.execution_id if self._grade else None
+    def tool_errors(self) -> int:
+        return len(self._state.tool_error_messages)
+
+    @property
+    def tool_error_messages(self) -> list[str]:
+        return list(self._state.tool_error_messages)
 
     @property
     def timings(self) -> dict[str, float]:
-        return dict(self._timings)
+        return dict(self._state.timings)
 
     # ------------------------------------------------------------------ blocking API
 
@@ -272,14 +252,14 @@ class FleetEnv:
         ``{"tool", "params", "done"}``, ``FinalAnswer(...)`` or ``Done()``."""
         return run_sync(self._step_plan(action))
 
-    def close(self, *, grade: bool = True, reason: str | None = None) -> None:
+    def close(self, *, grade: bool = True, reason: StopReason | str | None = None) -> None:
         """Grade an unfinished episode (unless ``grade=False``), close MCP sessions and
         delete the instance. Idempotent; safe from any thread.
 
         ``reason`` is the stop reason recorded for an episode that had not ended
         (default ``"abandoned"`` when graded, ``"interrupted"`` when not).
         """
-        run_sync(self._close_plan(grade, reason))
+        run_sync(self._close_plan(grade, _stop_reason(reason)))
 
     def __enter__(self) -> FleetEnv:
         return self
@@ -299,8 +279,9 @@ class FleetEnv:
     async def step_async(self, action: object) -> StepResult:
         return await run_async(self._step_plan(action))
 
-    async def close_async(self, *, grade: bool = True, reason: str | None = None) -> None:
-        await run_async(self._close_plan(grade, reason))
+    async def close_async(self, *, grade: bool = True,
+                          reason: StopReason | str | None = None) -> None:
+        await run_async(self._close_plan(grade, _stop_reason(reason)))
 
     async def __aenter__(self) -> FleetEnv:
         return self
@@ -313,130 +294,78 @@ class FleetEnv:
 
     def describe_db(self, name: str = "current") -> dict[str, Any]:
         """Tables and columns of the instance's SQLite database."""
-        return self._manager().describe_db(name)
+        return self._lease.manager().describe_db(name)
 
     def query_db(self, sql: str, args: list[Any] | None = None, *, name: str = "current",
                  read_only: bool = True) -> dict[str, Any]:
         """Run SQL against the instance's database (read-only unless asked)."""
-        return self._manager().query_db(sql, args, name=name, read_only=read_only)
+        return self._lease.manager().query_db(sql, args, name=name, read_only=read_only)
 
     # ------------------------------------------------------------------ reset
 
     def _reset_plan(self, seed: int | None, options: dict[str, Any]
                     ) -> Plan[tuple[Observation, dict[str, Any]]]:
         self._check_not_closed()
-        if self._episode_active and not self._completed:
-            yield from self._finish_plan("abandoned")
-        self._new_episode_state()
+        if self._state.active and not self._state.completed:
+            yield from self._finish_plan(StopReason.ABANDONED)
         if self._episodes:  # the first episode keeps the id `rollout_id` showed before reset
             self._ref = RolloutRef(task_key=self.task.key, env_key=self.task.env_spec,
                                    instance_id=self.instance_id)
-        self._episode_active = True
+        self._state = state = EpisodeState(self.episode_deadline_s, active=True)
         self._episodes += 1
         self._emit(RolloutStarted, modality=self.task.modality)
-        self._deadline = Deadline(self.episode_timeout_s)
         info: dict[str, Any] = {"task_key": self.task.key, "rollout_id": self.rollout_id}
         try:
             started = time.monotonic()
-            if self._instance is not None and options.get("fresh_instance"):
-                yield Blocking(self._drop_instance, ("replaced",))
-            if self._instance is None:
-                yield Blocking(self._provision)
-            elif not (yield Blocking(self._reset_instance, (seed,))):
+            if self._lease.instance is not None and options.get("fresh_instance"):
+                yield Blocking(self._lease.drop, ("replaced",))
+            if self._lease.instance is None:
+                yield Blocking(self._lease.provision)
+            elif not (yield Blocking(self._lease.reset, (seed,))):
                 info["reset"] = "instance_replaced"
-                yield Blocking(self._provision)
-            self._timings["provision_s"] = time.monotonic() - started
+                yield Blocking(self._lease.provision)
+            state.timings["provision_s"] = time.monotonic() - started
             if self._router is None:
                 yield from self._open_tools_plan()
-            content = []
-            if self.task.modality in ("computer_use", "browser_use"):
+            content: list[dict[str, Any]] = []
+            if self.task.modality is not Modality.TOOL_USE:
                 content, screenshot_error = yield from self._screenshot_plan()
                 if screenshot_error:
                     info["screenshot_error"] = screenshot_error
         except Exception as exc:
-            self._complete("init_error", error=exc)
+            self._complete(StopReason.INIT_ERROR, error=exc)
             raise
         info.update(instance_id=self.instance_id, root_url=self.root_url,
-                    modality=self.task.modality, tools=[t["function"]["name"]
-                                                        for t in self._openai_tools])
+                    modality=self.task.modality,
+                    tools=[t["function"]["name"] for t in self._openai_tools])
         observation = Observation(
             task_key=self.task.key, prompt=self.task.prompt, modality=self.task.modality,
             step=0, tools=self.openai_tools, content=content,
         )
         return observation, info
 
-    def _provision(self) -> None:
-        """Blocking: create the instance; stores it on ``self`` before returning, so an
-        abandoned caller (cancelled task) still leaves it for ``close()`` to delete."""
-        from fleetenv.fleet.backend import get_backend
-        from fleetenv.fleet.provisioning import ProvisionRequest
-
-        if self._backend is None:
-            self._backend = get_backend(self.config)
-        task = self.task
-        request = ProvisionRequest(
-            env_key=task.env_key, env_version=task.env_version, data_key=task.data_key,
-            data_version=task.data_version, env_variables=dict(task.env_variables or {}),
-            modality=task.modality, ttl_seconds=self.ttl_seconds, task_key=task.key,
-            run_tag=self.config.run_tag,
-        )
-
-        def listener(kind: str, details: dict[str, Any]) -> None:
-            if kind == "retry":
-                self._emit(ProvisioningRetry, attempt=details["attempt"],
-                           delay_s=details["delay_s"], error_type=details["error_type"],
-                           error=details["error"])
-
-        try:
-            instance = self._backend.provisioner.provision(request, listener=listener)
-        except Exception as exc:
-            self._emit(ProvisioningFailed, attempts=0, error_type=type(exc).__name__,
-                       error=str(exc))
-            raise
-        with self._lock:
-            closed = self._closed
-            self._instance = instance
-        self._last_instance_id = instance.instance_id
-        self._ref = self._ref.with_instance(instance.instance_id)
-        self._emit(InstanceProvisioned, seconds=instance.provision_seconds,
-                   attempts=instance.attempts)
-        if closed:  # close() ran while we were provisioning: do not leak the new instance
-            self._drop_instance("closed")
-            raise EpisodeStateError("the environment was closed during reset()",
-                                    task=self.task.key)
-
-    def _reset_instance(self, seed: int | None) -> bool:
-        """Blocking: restore the seed state. On failure the instance is replaced (the
-        failure is reported as an event, never silently ignored)."""
-        try:
-            self._manager().reset(seed=seed, timeout=self.config.reset_timeout_s)
-            return True
-        except FleetEnvError as exc:
-            self._emit(ResetFailed, error_type=type(exc).__name__, error=str(exc),
-                       timeout_s=self.config.reset_timeout_s)
-            self._drop_instance("reset_failed")
-            return False
-
     def _open_tools_plan(self) -> Plan[None]:
         from fleetenv.mcp.router import ToolRouter, endpoints_for
 
-        assert self._instance is not None
+        instance = self._lease.instance
+        if instance is None:
+            raise EpisodeStateError("no instance to open tools on", task=self.task.key)
         browser_url = (self.task.metadata or {}).get("browser_mcp_url")
-        if self.task.modality == "browser_use" and not browser_url:
+        if self.task.modality is Modality.BROWSER_USE and not browser_url:
             # fleet-python has no browser-lease API; without a lease URL the instance's
             # own computer endpoint serves the browser session.
-            browser_url = f"{self._instance.root_url}api/v1/mcp"
+            browser_url = f"{instance.root_url}api/v1/mcp"
         router = ToolRouter(
-            endpoints_for(self._instance.root_url, self.task.modality, browser_url),
-            connect_timeout=self.config.connect_timeout_s,
-            call_timeout=self.config.tool_timeout_s,
+            endpoints_for(instance.root_url, self.task.modality, browser_url),
+            connect_timeout_s=self.config.connect_timeout_s,
+            call_timeout_s=self.config.tool_timeout_s,
         )
         self._router = router  # before opening: close() must find it if we are cancelled
         yield OnLoop(router.aopen, timeout=self._watchdog(self.config.connect_timeout_s * 3))
         self._set_tools(router.tools)
 
     def _set_tools(self, tools: list[Tool]) -> None:
-        if self.task.modality == "tool_use":
+        if self.task.modality is Modality.TOOL_USE:
             kept = [t for t in tools if t.name != _COMPUTER_TOOL]
         else:
             kept = [t for t in tools if t.name == _COMPUTER_TOOL]
@@ -451,15 +380,15 @@ class FleetEnv:
                                     task=self.task.key, instance=self.instance_id)
         self._tools = kept
         self._openai_tools = [t.openai() for t in kept]
-        if self.task.modality == "tool_use" and self.task.needs_final_answer:
+        if self.task.modality is Modality.TOOL_USE and self.task.needs_final_answer:
             self._openai_tools.append(SUBMIT_FINAL_ANSWER_TOOL)
 
     def _screenshot_plan(self) -> Plan[tuple[list[dict[str, Any]], str | None]]:
-        assert self._router is not None
+        router = self._require_router()
         try:
             result: ToolResult = yield OnLoop(
-                functools.partial(self._router.acall, _COMPUTER_TOOL, {"action": "screenshot"},
-                                  timeout=self.config.tool_timeout_s),
+                functools.partial(router.acall, _COMPUTER_TOOL, {"action": "screenshot"},
+                                  timeout_s=self.config.tool_timeout_s),
                 timeout=self._watchdog(self.config.tool_timeout_s))
         except FleetEnvError as exc:
             return [{"type": "text", "text": f"(initial screenshot failed: {exc})"}], str(exc)
@@ -469,17 +398,18 @@ class FleetEnv:
 
     def _step_plan(self, action: object) -> Plan[StepResult]:
         self._check_not_closed()
-        if not self._episode_active:
+        state = self._state
+        if not state.active:
             raise EpisodeStateError("step() before reset()", hint="call reset() first",
                                     task=self.task.key)
-        if self._stop_reason is not None:
+        if state.stop_reason is not None:
             raise EpisodeStateError(
-                f"the episode is over ({self._stop_reason})",
+                f"the episode is over ({state.stop_reason})",
                 hint="call reset() to start a new episode", task=self.task.key)
         actions = parse_action(action)
         started = time.monotonic()
-        self._step += 1
-        info: dict[str, Any] = {"step": self._step}
+        state.step += 1
+        info: dict[str, Any] = {"step": state.step}
         observation = self._observation([], tool_name=None)
         for item in actions:
             if isinstance(item, ListTools):
@@ -488,37 +418,39 @@ class FleetEnv:
                         f"- {t['function']['name']}: {t['function'].get('description', '')}"
                         for t in self._openai_tools)}], tool_name=None)
             elif isinstance(item, FinalAnswer):
-                self._final_answer = item.answer
+                state.final_answer = item.answer
                 info["submitted_answer"] = item.answer
-                self._stop_reason = "agent_done"
+                state.stop(StopReason.AGENT_DONE)
                 observation = self._observation(
                     [{"type": "text", "text": "Answer recorded. The episode is over."}],
                     tool_name=SUBMIT_FINAL_ANSWER, call_id=item.id)
             elif isinstance(item, Done):
-                self._stop_reason = "agent_done"
+                state.stop(StopReason.AGENT_DONE)
             elif isinstance(item, ToolCall):
                 observation = yield from self._tool_plan(item, info)
-            if self._stop_reason is not None:
+            if state.done:
                 break
-        self._timings["steps_s"] += time.monotonic() - started
-        if self._stop_reason is None and self._step >= self.max_steps:
-            self._stop_reason = "max_steps"
-        if self._stop_reason is None and self._deadline.expired():
-            self._stop_reason = "time_limit"
+        state.timings["steps_s"] += time.monotonic() - started
+        if state.step >= self.max_steps:
+            state.stop(StopReason.MAX_STEPS)
+        if state.deadline.expired():
+            state.stop(StopReason.TIME_LIMIT)
         reward: float | None = 0.0
-        if self._stop_reason is not None:
-            grade = yield from self._finish_plan(self._stop_reason)
+        if state.stop_reason is not None:
+            grade = yield from self._finish_plan(state.stop_reason)
             reward = grade.reward
-            info.update(self._grade_info())
-        terminated = self._stop_reason in TERMINATING
-        truncated = self._stop_reason in TRUNCATING
-        info.update(stop_reason=self._stop_reason, tool_calls=self._tool_calls,
-                    tool_errors=len(self._tool_errors), instance_id=self.instance_id)
+            info.update(state.grade_info())
+        reason = state.stop_reason
+        info.update(stop_reason=reason, tool_calls=state.tool_calls,
+                    tool_errors=len(state.tool_error_messages), instance_id=self.instance_id)
+        terminated = reason is not None and reason.terminates
+        truncated = reason is not None and reason.truncates
         return observation, reward, terminated, truncated, info
 
     def _tool_plan(self, call: ToolCall, info: dict[str, Any]) -> Plan[Observation]:
         """Run one tool call; every failure becomes an observation, never a crash."""
-        assert self._router is not None
+        router = self._require_router()
+        state = self._state
         name = call.name
         info["tool_name"] = name
         try:
@@ -527,35 +459,35 @@ class FleetEnv:
                 raise self._unknown_tool(name)
         except (ToolArgumentsError, ToolNotFoundError) as exc:
             return self._tool_error(call, exc.message, info)
-        timeout = self._deadline.cap(self.config.tool_timeout_s)
-        if timeout <= 0:
-            self._stop_reason = "time_limit"
+        timeout_s = state.deadline.cap(self.config.tool_timeout_s)
+        if timeout_s <= 0:
+            state.stop(StopReason.TIME_LIMIT)
             return self._observation([], tool_name=name, call_id=call.id)
-        self._tool_calls += 1
+        state.tool_calls += 1
         try:
             result: ToolResult = yield OnLoop(
-                functools.partial(self._router.acall, name, arguments, timeout=timeout),
-                timeout=self._watchdog(timeout))
+                functools.partial(router.acall, name, arguments, timeout_s=timeout_s),
+                timeout=self._watchdog(timeout_s))
         except DeadlineExceeded as exc:
-            self._emit(ToolCallFailed, tool_name=name, step=self._step,
+            self._emit(ToolCallFailed, tool_name=name, step=state.step,
                        error_type=type(exc).__name__, error=str(exc))
-            if self._deadline.expired():
-                self._stop_reason = "time_limit"
+            if state.deadline.expired():
+                state.stop(StopReason.TIME_LIMIT)
             return self._tool_error(
-                call, f"{name} did not answer within {timeout:.0f} s; it may still have run. "
-                "Check the state before calling it again.", info)
-        except (ToolCallMayHaveRunError, InstanceGoneError, FleetEnvError) as exc:
-            self._emit(ToolCallFailed, tool_name=name, step=self._step,
+                call, f"{name} did not answer within {timeout_s:.0f} s; it may still have "
+                "run. Check the state before calling it again.", info)
+        except FleetEnvError as exc:
+            self._emit(ToolCallFailed, tool_name=name, step=state.step,
                        error_type=type(exc).__name__, error=str(exc))
-            if (yield Blocking(self._instance_gone)):
-                self._stop_reason = "instance_expired"
+            if (yield Blocking(self._lease.is_gone)):
+                state.stop(StopReason.INSTANCE_EXPIRED)
                 info["instance_error"] = str(exc)
                 return self._tool_error(call, f"the instance is gone: {exc.message}", info)
             return self._tool_error(call, exc.message, info)
         if result.is_error:
             message = result.error_message or "the tool reported an error"
-            self._tool_errors.append(f"{name}(): {message[:500]}")
-            self._emit(ToolErrorReported, tool_name=name, step=self._step, error=message)
+            state.record_tool_error(name, message)
+            self._emit(ToolErrorReported, tool_name=name, step=state.step, error=message)
             info["tool_error"] = message
         content = result.to_openai_content(self.max_text_chars)
         return self._observation(content, tool_name=name, call_id=call.id, result=result,
@@ -570,132 +502,79 @@ class FleetEnv:
             tool=name, task=self.task.key)
 
     def _tool_error(self, call: ToolCall, message: str, info: dict[str, Any]) -> Observation:
-        self._tool_errors.append(f"{call.name}(): {message[:500]}")
+        self._state.record_tool_error(call.name, message)
         info["tool_error"] = message
         return self._observation([{"type": "text", "text": f"Error: {message}"}],
                                  tool_name=call.name, call_id=call.id, error=message)
-
-    def _instance_gone(self) -> bool:
-        """Blocking: ask the control plane whether our instance still runs."""
-        if self._instance is None or self._backend is None:
-            return True
-        try:
-            status = self._backend.client.sdk.instance(self._instance.instance_id).status
-        except Exception:
-            return False  # unknown: treat the failure as a tool error, not as expiry
-        return status in ("stopped", "error", "terminated")
 
     def _observation(self, content: list[dict[str, Any]], *, tool_name: str | None,
                      call_id: str | None = None, result: ToolResult | None = None,
                      error: str | None = None) -> Observation:
         return Observation(
             task_key=self.task.key, prompt=self.task.prompt, modality=self.task.modality,
-            step=self._step, tools=self.openai_tools, content=content, result=result,
-            tool_name=tool_name, tool_call_id=call_id, is_error=error is not None, error=error,
+            step=self._state.step, tools=self.openai_tools, content=content, result=result,
+            tool_name=tool_name, tool_call_id=call_id, is_error=error is not None,
+            error=error,
         )
 
     # ------------------------------------------------------------------ finishing
 
-    def _finish_plan(self, reason: str) -> Plan[Grade]:
-        """Grade once (cached), then emit the completion once."""
-        grade = yield Blocking(self._grade_once)
-        self._complete(reason, grade=grade)
+    def _finish_plan(self, reason: StopReason) -> Plan[Grade]:
+        """Grade once (cached), then report the completion once."""
+        state = self._state
+        grade, computed = yield Blocking(grade_once, (self.session, self.task,
+                                                      self._lease.instance, state))
+        if computed and not grade.graded and grade.reason is not GradeReason.NO_VERIFIER:
+            self._emit(VerifierFailed, error_type=str(grade.reason or "unknown"),
+                       error=grade.error or "", steps=state.step)
+        self._complete(reason)
         return grade
 
-    def _grade_once(self) -> Grade:
-        """Blocking: run the verifier unless it already ran; store the grade on ``self``
-        before returning, so a cancelled caller cannot lose it."""
-        from fleetenv.fleet.verifier import Grade, verify
-
-        with self._grade_lock:
-            if self._grade is not None:
-                return self._grade
-            started = time.monotonic()
-            if self._instance is None or self._instance.deleted:
-                grade = Grade.unknown("instance_gone", "the instance was deleted before grading")
-            else:
-                task = self.task
-                grade = verify(
-                    env=self._instance.env, task_key=task.key, prompt=task.prompt,
-                    env_key=task.env_key, env_version=task.env_version,
-                    verifier_code=task.verifier, verifier_id=task.verifier_id,
-                    final_answer=self._final_answer,
-                )
-            self._timings["verify_s"] = time.monotonic() - started
-            self._grade = grade
-        if grade.status != "graded" and grade.reason != "no_verifier":
-            self._emit(VerifierFailed, error_type=grade.reason or "unknown",
-                       error=grade.error or "", steps=self._step)
-        return grade
-
-    def _complete(self, reason: str, *, grade: Grade | None = None,
-                  error: BaseException | None = None) -> None:
-        with self._lock:
-            if self._completed or not self._episode_active:
-                return
-            self._completed = True
-        grade_status = "not_graded" if grade is None else (
-            "graded" if grade.status == "graded" else grade.reason or "unknown")
-        self._emit(RolloutCompleted, reason=reason, grade_status=grade_status,
-                   reward=grade.reward if grade else None, steps=self._step,
-                   error=str(error) if error else None,
-                   duration_s=time.monotonic() - self._started_at)
-
-    def _grade_info(self) -> dict[str, Any]:
-        grade = self._grade
-        if grade is None:
-            return {}
-        return {"reward_status": grade.status, "reward_reason": grade.reason,
-                "verifier_stdout": grade.stdout, "verifier_error": grade.error,
-                "verifier_execution_id": grade.execution_id,
-                "final_answer": self._final_answer}
+    def _complete(self, reason: StopReason, *, error: BaseException | None = None) -> None:
+        state = self._state
+        if not state.claim_completion():
+            return
+        grade = state.grade
+        self._emit(RolloutCompleted, reason=reason, grade_status=state.grade_status,
+                   grade_reason=grade.reason if grade else None,
+                   reward=grade.reward if grade else None, steps=state.step,
+                   error=str(error) if error else None, duration_s=state.elapsed_s())
 
     # ------------------------------------------------------------------ close
 
-    def _close_plan(self, grade: bool, reason: str | None) -> Plan[None]:
-        with self._lock:
+    def _close_plan(self, grade: bool, reason: StopReason | None) -> Plan[None]:
+        with self._close_lock:  # close() may come from any thread, and only once
             if self._closed:
                 return
             self._closed = True
+        state = self._state
         try:
-            if self._episode_active and not self._completed:
-                if grade and self._stop_reason is None and self._instance is not None:
-                    yield from self._finish_plan(reason or "abandoned")
+            if state.active and not state.completed:
+                if grade and state.stop_reason is None and self._lease.instance is not None:
+                    yield from self._finish_plan(reason or StopReason.ABANDONED)
                 else:
-                    self._complete(self._stop_reason or reason or "interrupted",
-                                   grade=self._grade)
+                    self._complete(state.stop_reason or reason or StopReason.INTERRUPTED)
         finally:
             router, self._router = self._router, None
             try:
                 if router is not None:
-                    yield OnLoop(router.aclose, timeout=self._watchdog(
-                        self.config.connect_timeout_s))
+                    yield OnLoop(router.aclose,
+                                 timeout=self._watchdog(self.config.connect_timeout_s))
             finally:
-                yield Blocking(self._drop_instance, ("closed",))
-
-    def _drop_instance(self, reason: str) -> None:
-        """Blocking: delete the instance (idempotent) and report it."""
-        with self._lock:
-            instance, self._instance = self._instance, None
-        if instance is None or self._backend is None:
-            return
-        try:
-            self._backend.provisioner.delete(instance)
-        except Exception as exc:
-            self._emit(InstanceDeleteFailed, error_type=type(exc).__name__, error=str(exc))
-            return
-        self._emit(InstanceDeleted, reason=reason)
+                yield Blocking(self._lease.close)
+                if self._owns_session:
+                    yield Blocking(self.session.close)
 
     # ------------------------------------------------------------------ helpers
 
-    def _manager(self) -> Any:
-        from fleetenv.fleet.manager import ManagerClient
-
-        if self._instance is None:
-            raise EpisodeStateError("no instance yet", hint="call reset() first",
+    def _require_router(self) -> ToolRouter:
+        if self._router is None:
+            raise EpisodeStateError("the MCP tools are not open", hint="call reset() first",
                                     task=self.task.key)
-        return ManagerClient(self._instance.manager_url, instance_id=self.instance_id,
-                             timeout=self.config.tool_timeout_s)
+        return self._router
+
+    def _on_instance(self, instance_id: str) -> None:
+        self._ref = self._ref.with_instance(instance_id)
 
     def _watchdog(self, seconds: float) -> float:
         """The loop-side bound for an operation whose own timeout is ``seconds``."""
@@ -708,3 +587,42 @@ class FleetEnv:
 
     def _emit(self, event_type: type, **fields: Any) -> None:
         self.events.emit(self._ref.event(event_type, **fields))
+
+
+def _as_task(task: object) -> Task:
+    if isinstance(task, Task):
+        return task
+    if isinstance(task, Mapping):
+        return Task.model_validate(dict(task))
+    hint = ("load it with fleetenv.load_tasks(path) and pick one by key"
+            if isinstance(task, str) else "pass a fleetenv.Task or a task dict")
+    raise ConfigurationError(f"FleetEnv needs a task, got a {type(task).__name__}",
+                             hint=hint)
+
+
+def _pick_session(session: Session | None, config: FleetConfig | None,
+                  api_key: str | None, base_url: str | None) -> tuple[Session, bool]:
+    """The session to run on, and whether the env owns it (and so closes it)."""
+    if session is not None:
+        if config is not None or api_key is not None or base_url is not None:
+            raise ConfigurationError("pass either session= or config=/api_key=/base_url=",
+                                     hint="the session already holds the settings")
+        return session, False
+    if config is not None and (api_key is not None or base_url is not None):
+        raise ConfigurationError("pass either config= or api_key=/base_url=, not both")
+    if config is None and api_key is None and base_url is None:
+        return default_session(), False
+    if config is not None:
+        return Session(config), True
+    return Session(api_key=api_key, base_url=base_url), True
+
+
+def _stop_reason(reason: StopReason | str | None) -> StopReason | None:
+    if reason is None or isinstance(reason, StopReason):
+        return reason
+    try:
+        return StopReason(reason)
+    except ValueError:
+        raise ConfigurationError(
+            f"unknown stop reason {reason!r}",
+            hint=f"use one of {', '.join(StopReason.values())}") from None

@@ -11,14 +11,20 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.config import FleetConfig
-from fleetenv.core.errors import redact
+from fleetenv.core.errors import RolloutCancelled, redact
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
-from fleetenv.env.episode import FleetEnv
+from fleetenv.core.vocabulary import GradeReason, GradeStatus, StopReason
+from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.rollouts.policy import Policy, PolicyContext, as_policy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.fleet.session import Session
+
+__all__ = ["CancelToken", "RolloutCancelled", "RolloutResult", "run_episode"]
 
 
 @dataclass
@@ -32,12 +38,11 @@ class RolloutResult:
     policy: str | None = None
     reward: float | None = None
     """The graded reward; ``None`` when the grade is unknown or the rollout failed."""
-    grade_status: str = "not_graded"
+    grade_status: GradeStatus = GradeStatus.NOT_GRADED
     """``graded``, ``unknown`` (the verifier could not grade) or ``not_graded``."""
-    grade_reason: str | None = None
-    stop_reason: str | None = None
-    """``agent_done``, ``max_steps``, ``time_limit``, ``instance_expired``, ``error``,
-    ``cancelled``."""
+    grade_reason: GradeReason | None = None
+    stop_reason: StopReason | None = None
+    """Why the rollout ended (a :class:`~fleetenv.StopReason`)."""
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -56,9 +61,17 @@ class RolloutResult:
     ``finish_reason`` and token ``usage``); empty for policies that report nothing."""
     transcript: list[dict[str, Any]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # Values read back from a results file arrive as plain strings.
+        self.grade_status = GradeStatus(self.grade_status)
+        if self.grade_reason is not None:
+            self.grade_reason = GradeReason(self.grade_reason)
+        if self.stop_reason is not None:
+            self.stop_reason = StopReason(self.stop_reason)
+
     @property
     def graded(self) -> bool:
-        return self.grade_status == "graded"
+        return self.grade_status is GradeStatus.GRADED
 
     @property
     def passed(self) -> bool:
@@ -66,7 +79,12 @@ class RolloutResult:
         return self.reward is not None and self.reward >= 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready fields (vocabulary values as their plain strings)."""
+        data = asdict(self)
+        for name in ("grade_status", "grade_reason", "stop_reason"):
+            if data[name] is not None:
+                data[name] = str(data[name])
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutResult:
@@ -108,22 +126,25 @@ class CancelToken:
                 continue
 
 
-class RolloutCancelled(Exception):
-    """The run was cancelled while this rollout was in progress."""
-
-
 def run_episode(
     task: Task,
     policy: Policy | Any,
     *,
+    session: Session | None = None,
     config: FleetConfig | None = None,
     sample: int = 0,
     events: EventBus | None = None,
     max_steps: int | None = None,
     system_prompt: str | None = None,
     cancel: CancelToken | None = None,
+    run_tag: str | None = None,
 ) -> RolloutResult:
-    """Play one episode of ``policy`` on ``task`` and return its result record."""
+    """Play one episode of ``policy`` on ``task`` and return its result record.
+
+    Runs on ``session`` (default: the default session; ``config=`` instead: a private
+    session with those settings). Never raises for a broken episode; see the module
+    docstring.
+    """
     started = time.monotonic()
     result = RolloutResult(task_key=task.key, env_key=task.env_spec, sample=sample)
     messages: list[dict[str, Any]] = []
@@ -134,7 +155,8 @@ def run_episode(
     try:
         agent = as_policy(policy)
         result.policy = getattr(policy, "describe", lambda: type(agent).__name__)()
-        env = FleetEnv(task, config=config, events=events, max_steps=max_steps)
+        env = FleetEnv(task, session=session, config=config, events=events,
+                       max_steps=max_steps, run_tag=run_tag)
         result.rollout_id = env.rollout_id
         if cancel is not None:
             cancel.register(env)
@@ -163,10 +185,10 @@ def run_episode(
                     break
         result.stop_reason = env.stop_reason
     except RolloutCancelled as exc:
-        result.stop_reason = "cancelled"
-        result.error = {"type": type(exc).__name__, "message": str(exc)}
+        result.stop_reason = StopReason.CANCELLED
+        result.error = {"type": type(exc).__name__, "message": exc.message}
     except Exception as exc:
-        result.stop_reason = "error"
+        result.stop_reason = StopReason.ERROR
         result.error = {"type": type(exc).__name__, "message": redact(str(exc))[:2000]}
     finally:
         if env is not None:
@@ -192,10 +214,11 @@ def _fill_from_env(result: RolloutResult, env: FleetEnv) -> None:
         result.verifier_stdout = grade.stdout
         result.verifier_error = grade.error
         result.verifier_execution_id = grade.execution_id
-    result.turns = env.turns
-    result.tool_calls = env.tool_calls
-    result.tool_errors = env.tool_errors
-    result.tool_error_messages = env.tool_error_messages
+    stats = env.stats
+    result.turns = stats.turns
+    result.tool_calls = stats.tool_calls
+    result.tool_errors = stats.tool_errors
+    result.tool_error_messages = list(stats.tool_error_messages)
     result.instance_id = result.instance_id or env.last_instance_id
     result.final_answer = env.final_answer
-    result.timings.update(env.timings)
+    result.timings.update(stats.timings)

@@ -1,0 +1,51 @@
+"""Grading an episode: the verifier runs once per episode, and its grade is kept.
+
+The grade is stored on the episode state *by the blocking call that computes it*, under
+a lock, so a caller that is cancelled while the verifier runs cannot lose it, a second
+caller (``close()`` racing a final ``step()``) waits for it instead of running it again,
+and every later look returns the same grade.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from fleetenv.core.tasks import Task
+from fleetenv.core.vocabulary import GradeReason
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.env.state import EpisodeState
+    from fleetenv.fleet.provisioning import Instance
+    from fleetenv.fleet.session import Session
+    from fleetenv.fleet.verifier import Grade
+
+__all__ = ["grade_once"]
+
+
+def grade_once(session: Session, task: Task, instance: Instance | None,
+               state: EpisodeState) -> tuple[Grade, bool]:
+    """Blocking: the episode's grade, running the verifier unless it already ran.
+
+    Returns the grade and whether this call computed it (so the caller reports a
+    verifier failure once).
+    """
+    from fleetenv.fleet.verifier import Grade, verify
+
+    with state.grade_lock:
+        if state.grade is not None:
+            return state.grade, False
+        started = time.monotonic()
+        if instance is None or instance.deleted:
+            grade = Grade.unknown(GradeReason.INSTANCE_GONE,
+                                  "the instance was deleted before grading")
+        else:
+            grade = verify(
+                env=instance.env, task_key=task.key, prompt=task.prompt,
+                env_key=task.env_key, env_version=task.env_version,
+                verifier_code=task.verifier, verifier_id=task.verifier_id,
+                final_answer=state.final_answer, retry=session.verifier_retry(),
+            )
+        state.timings["verify_s"] = time.monotonic() - started
+        state.grade = grade
+        return grade, True

@@ -1,0 +1,148 @@
+"""The instance under one ``FleetEnv``: created, reset, replaced and deleted here.
+
+Every method is blocking and runs in the caller's thread (or a worker thread for the
+async twins), never on the event-loop thread. Events about the instance are reported
+through the ``emit`` callback the env hands in, so they carry the rollout's ids.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fleetenv.core.errors import EpisodeStateError, FleetEnvError
+from fleetenv.core.events import (
+    InstanceDeleted,
+    InstanceDeleteFailed,
+    InstanceProvisioned,
+    ProvisioningFailed,
+    ProvisioningRetry,
+    ResetFailed,
+)
+from fleetenv.core.tasks import Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.fleet.manager import ManagerClient
+    from fleetenv.fleet.provisioning import Instance
+    from fleetenv.fleet.session import Session
+
+__all__ = ["InstanceLease"]
+
+Emit = Callable[..., None]
+"""``emit(EventType, **fields)``: report an event for this env's rollout."""
+
+#: Control-plane statuses that mean the instance will not come back.
+_GONE_STATUSES = frozenset({"stopped", "error", "terminated"})
+
+
+class InstanceLease:
+    """Holds at most one live instance for one env, and gives it back on ``drop``."""
+
+    def __init__(self, session: Session, task: Task, *, ttl_seconds: int,
+                 run_tag: str | None, emit: Emit,
+                 on_instance: Callable[[str], None]) -> None:
+        self.session = session
+        self.task = task
+        self.ttl_seconds = ttl_seconds
+        self.run_tag = run_tag
+        self._emit = emit
+        self._on_instance = on_instance
+        self._lock = threading.Lock()
+        self._closed = False
+        self.instance: Instance | None = None
+        #: The most recent instance's id, kept after it was deleted.
+        self.last_instance_id: str | None = None
+
+    @property
+    def instance_id(self) -> str | None:
+        instance = self.instance
+        return instance.instance_id if instance else None
+
+    def provision(self) -> None:
+        """Create the instance; it is stored here before this returns, so a caller that
+        is cancelled meanwhile still leaves it for ``drop()`` to delete."""
+        from fleetenv.fleet.provisioning import ProvisionRequest
+
+        task = self.task
+        request = ProvisionRequest(
+            env_key=task.env_key, env_version=task.env_version, data_key=task.data_key,
+            data_version=task.data_version, env_variables=dict(task.env_variables or {}),
+            modality=task.modality, ttl_seconds=self.ttl_seconds, task_key=task.key,
+            run_tag=self.run_tag,
+        )
+
+        def listener(kind: str, details: dict[str, Any]) -> None:
+            if kind == "retry":
+                self._emit(ProvisioningRetry, attempt=details["attempt"],
+                           delay_s=details["delay_s"], error_type=details["error_type"],
+                           error=details["error"])
+
+        try:
+            instance = self.session.provisioner.provision(request, listener=listener)
+        except Exception as exc:
+            self._emit(ProvisioningFailed, attempts=0, error_type=type(exc).__name__,
+                       error=str(exc))
+            raise
+        with self._lock:
+            closed = self._closed
+            self.instance = instance
+        self.last_instance_id = instance.instance_id
+        self._on_instance(instance.instance_id)
+        self._emit(InstanceProvisioned, seconds=instance.provision_seconds,
+                   attempts=instance.attempts)
+        if closed:  # close() ran while we were provisioning: do not leak the new instance
+            self.drop("closed")
+            raise EpisodeStateError("the environment was closed during reset()",
+                                    task=task.key)
+
+    def reset(self, seed: int | None) -> bool:
+        """Restore the seed state. On failure the instance is dropped and ``False``
+        returned (the failure is reported as an event, never silently ignored)."""
+        timeout_s = self.session.config.reset_timeout_s
+        try:
+            self.manager().reset(seed=seed, timeout_s=timeout_s)
+            return True
+        except FleetEnvError as exc:
+            self._emit(ResetFailed, error_type=type(exc).__name__, error=str(exc),
+                       timeout_s=timeout_s)
+            self.drop("reset_failed")
+            return False
+
+    def drop(self, reason: str) -> None:
+        """Delete the instance (idempotent) and report it."""
+        with self._lock:
+            instance, self.instance = self.instance, None
+        if instance is None:
+            return
+        try:
+            self.session.provisioner.delete(instance)
+        except Exception as exc:
+            self._emit(InstanceDeleteFailed, error_type=type(exc).__name__, error=str(exc))
+            return
+        self._emit(InstanceDeleted, reason=reason)
+
+    def close(self) -> None:
+        """No new instance may be kept from now on; deletes the current one."""
+        with self._lock:
+            self._closed = True
+        self.drop("closed")
+
+    def is_gone(self) -> bool:
+        """Ask the control plane whether the instance stopped (unknown counts as not)."""
+        instance = self.instance
+        if instance is None:
+            return True
+        try:
+            status = self.session.client.sdk.instance(instance.instance_id).status
+        except Exception:
+            return False  # unknown: treat the failure as a tool error, not as expiry
+        return status in _GONE_STATUSES
+
+    def manager(self) -> ManagerClient:
+        instance = self.instance
+        if instance is None:
+            raise EpisodeStateError("no instance yet", hint="call reset() first",
+                                    task=self.task.key)
+        return self.session.manager(instance)
+

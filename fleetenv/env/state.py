@@ -1,0 +1,101 @@
+"""The state of one episode: counters, outcome, deadline and timings.
+
+``FleetEnv.reset()`` starts a fresh :class:`EpisodeState`; everything that describes
+"this episode so far" lives here, so the env object itself only routes actions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleetenv.core.retry import Deadline
+from fleetenv.core.vocabulary import GradeStatus, StopReason
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.fleet.verifier import Grade
+
+__all__ = ["EpisodeState", "EpisodeStats"]
+
+#: Longest tool-error message kept per error (the agent saw the whole one).
+_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True)
+class EpisodeStats:
+    """A snapshot of an episode's counters, for result records and logs."""
+
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_error_messages: tuple[str, ...] = ()
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds: ``provision_s``, ``steps_s``, ``verify_s``."""
+
+
+class EpisodeState:
+    """Mutable record of one episode; owned by one ``FleetEnv``."""
+
+    def __init__(self, deadline_s: float | None = None, *, active: bool = False) -> None:
+        self.active = active
+        self.step = 0
+        self.tool_calls = 0
+        self.tool_error_messages: list[str] = []
+        self.stop_reason: StopReason | None = None
+        self.final_answer: str | None = None
+        self.grade: Grade | None = None
+        self.grade_lock = threading.Lock()
+        self.deadline = Deadline(deadline_s)
+        self.started_at = time.monotonic()
+        self.timings: dict[str, float] = {"provision_s": 0.0, "steps_s": 0.0, "verify_s": 0.0}
+        self._completed = False
+        self._lock = threading.Lock()
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    def stop(self, reason: StopReason) -> None:
+        """Record why the episode ends (the first reason wins)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def record_tool_error(self, tool: str, message: str) -> None:
+        self.tool_error_messages.append(f"{tool}(): {message[:_ERROR_CHARS]}")
+
+    def claim_completion(self) -> bool:
+        """True exactly once per active episode: whoever gets it reports the completion."""
+        with self._lock:
+            if self._completed or not self.active:
+                return False
+            self._completed = True
+            return True
+
+    @property
+    def completed(self) -> bool:
+        return self._completed
+
+    @property
+    def grade_status(self) -> GradeStatus:
+        return GradeStatus.NOT_GRADED if self.grade is None else self.grade.status
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def stats(self) -> EpisodeStats:
+        return EpisodeStats(turns=self.step, tool_calls=self.tool_calls,
+                            tool_errors=len(self.tool_error_messages),
+                            tool_error_messages=tuple(self.tool_error_messages),
+                            timings=dict(self.timings))
+
+    def grade_info(self) -> dict[str, Any]:
+        """The grade's fields as they appear in ``step()``'s final ``info``."""
+        grade = self.grade
+        if grade is None:
+            return {}
+        return {"reward_status": grade.status, "reward_reason": grade.reason,
+                "verifier_stdout": grade.stdout, "verifier_error": grade.error,
+                "verifier_execution_id": grade.execution_id,
+                "final_answer": self.final_answer}

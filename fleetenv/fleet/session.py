@@ -1,0 +1,259 @@
+"""``Session``: the one owner of what episodes share.
+
+Like ``requests.Session`` or ``httpx.Client``, a session is an explicit object that
+holds settings and connections, so that nothing about them is hidden process-wide state::
+
+    with fleetenv.Session(max_live_instances=8) as session:
+        with fleetenv.FleetEnv(task, session=session) as env:
+            ...
+    # leaving the block deletes every instance the session created
+
+A session owns:
+
+* **the backend**: real Fleet (an API key is configured) or the embedded local Fleet
+  (no key), reached through fleet-python's synchronous client;
+* **the instance registry** of what it created, emptied by ``close()`` and, for sessions
+  still open then, by interpreter exit and SIGTERM;
+* **the caps**: instances being created at once and live instances (``FleetConfig``'s
+  ``max_creating_instances`` and ``max_live_instances``), honoured per session;
+* **the retry and deadline policy** (``session.retry``), one for provisioning, deletion,
+  verification and MCP session setup (tool calls are never retried);
+* **the event bus** (``session.events``) its episodes report to;
+* **the HTTP clients**: one pooled ``httpx`` client for the control plane, and keep-alive
+  ``requests`` pools for the instances' manager APIs.
+
+MCP traffic does *not* share the manager pool: it is asynchronous (``httpx2`` on
+fleetenv's loop thread) while the manager API is blocking (``requests`` in the caller's
+thread), and one pool cannot serve both without putting blocking I/O on the loop. Each
+MCP connection has its own small pool instead (``fleetenv.mcp.http`` says why one shared
+pool was slower).
+
+What is *not* per session: Fleet's rate limits are per API key, so sessions using the same
+key in one process share one :class:`~fleetenv.fleet.limits.KeyLimiter`; the embedded
+local Fleet is one server per process; and the one event-loop thread is per process.
+
+``FleetEnv(task)`` without ``session=`` uses the default session, created on first use
+from ``FLEET_API_KEY`` / ``FLEET_BASE_URL`` (see :func:`default_session`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from fleetenv.core.config import FleetConfig, resolve_config
+from fleetenv.core.errors import ConfigurationError, FleetEnvError
+from fleetenv.core.event_bus import EventBus
+from fleetenv.core.retry import RetryPolicy
+from fleetenv.fleet.limits import Gate, KeyLimiter, key_limiter
+from fleetenv.fleet.manager import ManagerClient, ManagerPool
+from fleetenv.fleet.registry import InstanceRegistry, untrack
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.fleet.client import FleetClient
+    from fleetenv.fleet.provisioning import Instance, Provisioner
+
+__all__ = ["Session", "default_session"]
+
+logger = logging.getLogger("fleetenv")
+
+
+@dataclass(frozen=True)
+class _Backend:
+    """The Fleet a session talks to, built on first use."""
+
+    base_url: str
+    is_local: bool
+    client: FleetClient
+    provisioner: Provisioner
+    key_limit: KeyLimiter
+
+
+class Session:
+    """Settings, connections and instances shared by the episodes that use it.
+
+    ``Session(config)`` takes a resolved :class:`~fleetenv.FleetConfig`; otherwise the
+    arguments are those of :func:`~fleetenv.resolve_config` (``api_key``, ``base_url``
+    and any ``FleetConfig`` setting, e.g. ``Session(max_steps=20)``). ``events`` is the
+    bus its episodes report to (default: a new bus that logs). Nothing remote happens
+    until the first episode needs an instance. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        config: FleetConfig | None = None,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        events: EventBus | None = None,
+        **settings: Any,
+    ) -> None:
+        if config is not None and (api_key is not None or base_url is not None or settings):
+            raise ConfigurationError(
+                "pass either a config or settings (api_key=, base_url=, ...), not both",
+                hint="apply changes with config.replace(...)")
+        self.config: FleetConfig = config if config is not None else resolve_config(
+            api_key=api_key, base_url=base_url, **settings)
+        from fleetenv.fleet.provisioning import new_run_tag
+
+        #: Tag put on every instance this session creates (fleet-python's ``run_id``).
+        self.run_tag: str = self.config.run_tag or new_run_tag()
+        self.events: EventBus = events if events is not None else EventBus()
+        #: The one retry policy of this session (budget: ``provision_budget_s``).
+        self.retry: RetryPolicy = RetryPolicy(
+            base_s=self.config.retry_base_s, cap_s=self.config.retry_cap_s,
+            budget_s=self.config.provision_budget_s)
+        self.creating = Gate("max_creating_instances", self.config.max_creating_instances)
+        self.live = Gate("max_live_instances", self.config.max_live_instances)
+        self.instances = InstanceRegistry()
+        self._manager_pool = ManagerPool()
+        self._backend: _Backend | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pid = os.getpid()
+
+    def __repr__(self) -> str:
+        where = "local" if self.config.use_local else self.config.base_url
+        state = "closed" if self._closed else f"{len(self.instances)} live instance(s)"
+        return f"<Session {where} run_tag={self.run_tag!r} {state}>"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Delete every instance this session created and still holds, sweep leftovers
+        of uncertain creates, and close its HTTP pools. Idempotent; never raises for a
+        delete that failed (it is logged, and the instance's TTL reaps it)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            backend = self._backend
+        if os.getpid() != self._pid:
+            return  # a forked child: the instances and sockets are the parent's
+        try:
+            self.instances.delete_all()
+        finally:
+            untrack(self.instances)
+            self._manager_pool.close()
+            if backend is not None:
+                backend.client.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the backend
+
+    @property
+    def is_local(self) -> bool:
+        """True when this session runs on the embedded local Fleet."""
+        return self.config.use_local
+
+    @property
+    def base_url(self) -> str:
+        """The control plane this session talks to (starts the local Fleet if needed)."""
+        return self._fleet().base_url
+
+    @property
+    def provisioner(self) -> Provisioner:
+        return self._fleet().provisioner
+
+    @property
+    def client(self) -> FleetClient:
+        return self._fleet().client
+
+    def _fleet(self) -> _Backend:
+        self._check_usable()
+        backend = self._backend
+        if backend is not None:
+            return backend
+        with self._lock:
+            if self._backend is None:
+                self._backend = self._build_backend()
+            return self._backend
+
+    def _build_backend(self) -> _Backend:
+        from fleetenv.fleet.client import FleetClient
+        from fleetenv.fleet.provisioning import Provisioner
+
+        config = self.config
+        if config.use_local:
+            from fleetenv.fleet.backend import local_fleet
+
+            local = local_fleet()
+            base_url, api_key = local.base_url, local.token
+        else:
+            if config.api_key is None:  # FleetConfig's own validation rules this out
+                raise ConfigurationError("no API key", field="api_key")
+            base_url, api_key = config.base_url, config.api_key.get_secret_value()
+        client = FleetClient(api_key, base_url, timeout_s=max(60.0, config.verifier_timeout_s),
+                             connect_timeout_s=config.connect_timeout_s)
+        limiter = key_limiter(base_url, api_key)
+        provisioner = Provisioner(
+            client, registry=self.instances, creating=self.creating, live=self.live,
+            key_limit=limiter, retry=self.retry, run_tag=self.run_tag)
+        return _Backend(base_url=base_url, is_local=config.use_local, client=client,
+                        provisioner=provisioner, key_limit=limiter)
+
+    def _check_usable(self) -> None:
+        if os.getpid() != self._pid:
+            raise FleetEnvError(
+                "this session was created in the parent process; a forked child cannot "
+                "use it (its sockets and instances belong to the parent)",
+                hint="create a new fleetenv.Session in the child process")
+        if self._closed:
+            raise FleetEnvError("the session is closed",
+                                hint="create a new fleetenv.Session")
+
+    # ------------------------------------------------------------------ services
+
+    def manager(self, instance: Instance) -> ManagerClient:
+        """A client for ``instance``'s manager API over this session's pools."""
+        self._check_usable()
+        return ManagerClient(instance.manager_url, pool=self._manager_pool,
+                             instance_id=instance.instance_id,
+                             timeout_s=self.config.tool_timeout_s)
+
+    def verifier_retry(self) -> RetryPolicy:
+        """The retry policy of one verification (bounded by ``verifier_timeout_s``)."""
+        return self.retry.with_budget(self.config.verifier_timeout_s, max_attempts=3)
+
+    def live_instance_ids(self) -> list[str]:
+        """Instances this session created and has not deleted yet."""
+        return self.instances.live_ids()
+
+    def sweep(self, run_tag: str | None = None) -> list[str]:
+        """Delete every running instance tagged ``run_tag`` (default: this session's tag),
+        including ones created by other processes with the same tag; returns their ids.
+
+        Only sweep a tag when nothing created under it is still in use."""
+        return self.provisioner.sweep_tag(run_tag or self.run_tag)
+
+
+_default_lock = threading.Lock()
+_default: Session | None = None
+
+
+def default_session() -> Session:
+    """The session ``FleetEnv(task)`` uses without ``session=``, created on first use
+    from the environment (``FLEET_API_KEY``, ``FLEET_BASE_URL``; no key: local Fleet).
+
+    A closed default session, or one inherited through ``fork``, is replaced.
+    """
+    global _default
+    with _default_lock:
+        current = _default
+        if current is None or current.closed or current._pid != os.getpid():
+            current = _default = Session()
+        return current

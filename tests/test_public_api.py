@@ -1,0 +1,145 @@
+"""The public API is deliberate: what ``__all__`` lists is what exists, is documented,
+and (for errors) is raised somewhere; 0.1 names that moved still work and say where."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fleetenv
+import fleetenv.errors
+import fleetenv.events
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fleetenv"
+DOCS = ROOT / "docs"
+
+TRAINER_API = ["Runner", "run_episode", "RolloutResult", "PolicyContext", "Reply",
+               "PolicySpec", "summarize", "read_results", "ResultsWriter"]
+
+
+def test_dir_lists_only_public_names() -> None:
+    assert dir(fleetenv) == sorted(fleetenv.__all__)
+    assert not [name for name in fleetenv.__all__
+                if name.startswith("_") and name != "__version__"]
+
+
+def test_every_public_name_resolves() -> None:
+    for name in fleetenv.__all__:
+        assert getattr(fleetenv, name) is not None, name
+    for name in [*TRAINER_API, "Session", "StopReason", "GradeStatus", "Modality"]:
+        assert name in fleetenv.__all__, name
+
+
+@pytest.mark.parametrize("module", [fleetenv.errors, fleetenv.events])
+def test_public_modules_export_what_they_define(module: object) -> None:
+    for name in module.__all__:  # type: ignore[attr-defined]
+        assert hasattr(module, name), name
+
+
+def _raised_names() -> set[str]:
+    """Names of exception classes that fleetenv's source constructs in a ``raise``, or
+    hands on to be raised (``give_up`` builders and the like return them)."""
+    names: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                names.add(node.func.id)
+    return names
+
+
+def test_every_exported_error_is_raised_somewhere() -> None:
+    constructed = _raised_names()
+    for name in fleetenv.errors.__all__:
+        cls = getattr(fleetenv.errors, name)
+        subclasses_raised = any(sub.__name__ in constructed for sub in cls.__subclasses__())
+        assert name in constructed or subclasses_raised, (
+            f"{name} is exported from fleetenv.errors but nothing raises it")
+
+
+def test_every_error_says_whether_to_retry() -> None:
+    for name in fleetenv.errors.__all__:
+        error = getattr(fleetenv.errors, name)("x")
+        assert isinstance(error.retryable, bool), name
+
+
+def _documented_names() -> set[str]:
+    """Names the API reference pages render with mkdocstrings (``::: fleetenv.X``)."""
+    found: set[str] = set()
+    for page in DOCS.rglob("*.md"):
+        found.update(re.findall(r"^::: fleetenv\.(\w+)\s*$", page.read_text(encoding="utf-8"),
+                                re.MULTILINE))
+    return found
+
+
+def test_docs_reference_every_public_name() -> None:
+    documented = _documented_names()
+    missing = [name for name in fleetenv.__all__
+               if name != "__version__" and name not in documented]
+    assert not missing, f"not in the API reference (docs/): {missing}"
+    unknown = sorted(documented - set(fleetenv.__all__) - {"errors", "events"})
+    assert not unknown, f"the API reference documents names fleetenv does not export: {unknown}"
+
+
+@pytest.mark.parametrize("name", ["ConfigurationError", "ToolNotFoundError", "VerifierError"])
+def test_moved_error_names_warn_and_still_work(name: str) -> None:
+    code = (f"import warnings, fleetenv, fleetenv.errors\n"
+            f"warnings.simplefilter('error')\n"
+            f"try:\n    fleetenv.{name}\n"
+            f"except DeprecationWarning as w:\n    print('warned:', w)\n"
+            f"warnings.simplefilter('ignore')\n"
+            f"assert fleetenv.{name} is fleetenv.errors.{name}\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert "import it from fleetenv.errors" in out
+
+
+def _run_warning_check(body: str) -> str:
+    """Run ``body`` in a fresh interpreter (deprecations warn once per process) and
+    return what it printed; warnings are recorded, never suppressed."""
+    code = ("import warnings\nwarnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            + "".join(f"    {line}\n" for line in body.splitlines())
+            + "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+
+
+@pytest.mark.parametrize(("old", "new"), [("fleetenv.env.episode", "fleetenv.env.fleet_env"),
+                                          ("fleetenv.rollouts.episode",
+                                           "fleetenv.rollouts.rollout")])
+def test_moved_modules_warn_and_still_work(old: str, new: str) -> None:
+    out = _run_warning_check(f"import importlib\n"
+                             f"assert importlib.import_module({old!r}) is "
+                             f"importlib.import_module({new!r})")
+    assert f"module {old} is deprecated; import from {new}" in out
+
+
+def test_renamed_keyword_warns_and_still_works() -> None:
+    out = _run_warning_check(
+        "import fleetenv\n"
+        "from fleetenv.local.apps import bundled_tasks_path\n"
+        "task = fleetenv.load_tasks(bundled_tasks_path())[0]\n"
+        "env = fleetenv.FleetEnv(task, episode_timeout_s=12.0)\n"
+        "assert env.episode_deadline_s == 12.0")
+    assert "FleetEnv(episode_timeout_s=...) is deprecated; use episode_deadline_s" in out
+    task = fleetenv.load_tasks(
+        importlib.import_module("fleetenv.local.apps").bundled_tasks_path())[0]
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        fleetenv.FleetEnv(task, no_such_setting=1)
+
+
+def test_import_fleetenv_is_cheap() -> None:
+    code = ("import sys, fleetenv\n"
+            "heavy = [m for m in ('mcp', 'httpx', 'httpx2', 'fleet') if m in sys.modules]\n"
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    assert out == "[]"

@@ -1,0 +1,210 @@
+"""Session: per-session settings, caps and cleanup; the per-key limiter; fork safety.
+
+All against the embedded local Fleet over real HTTP and MCP.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+import pytest
+
+import fleetenv
+from fleetenv import FleetEnv, Session
+from fleetenv.core.retry import Deadline
+from fleetenv.errors import (
+    DeadlineExceeded,
+    FleetEnvError,
+    TransientProvisioningError,
+)
+from fleetenv.events import EventBus, ProvisioningRetry
+from fleetenv.fleet.limits import KeyLimiter
+from fleetenv.local import LocalFleet
+from fleetenv.local.apps import bundled_tasks_path
+
+pytestmark = pytest.mark.timeout(120)
+
+TASK = next(t for t in fleetenv.load_tasks(bundled_tasks_path()) if t.modality == "tool_use")
+
+
+def session_on(fleet: LocalFleet, **settings: Any) -> Session:
+    return Session(api_key=fleet.token, base_url=fleet.base_url, events=EventBus(sinks=[]),
+                   **settings)
+
+
+def running(fleet: LocalFleet) -> set[str]:
+    return {i["instance_id"] for i in fleet.instances(status="running")}
+
+
+def test_two_sessions_keep_their_own_budgets(local_fleet: LocalFleet,
+                                             local_faults: Any) -> None:
+    # 0.1 cached one backend per (URL, key): the first config's budget won for everyone.
+    short = session_on(local_fleet, provision_budget_s=0.5, retry_base_s=0.4, retry_cap_s=0.4)
+    long = session_on(local_fleet, provision_budget_s=30, retry_base_s=0.4, retry_cap_s=0.4)
+    with short, long:
+        fault = local_faults.add("create_error", status=503)
+        with FleetEnv(TASK, session=short) as env, pytest.raises(TransientProvisioningError,
+                                                                 match="provisioning budget"):
+            env.reset()
+        local_faults.clear(fault)
+        # Four failures pause 4 x [0.2, 0.4] s: more than the short budget, well inside
+        # the long one. Only the long session's own budget lets this succeed.
+        local_faults.add("create_error", status=503, times=4)
+        with FleetEnv(TASK, session=long) as env:
+            env.reset()
+            assert env.instance_id in running(local_fleet)
+        assert short.config.provision_budget_s == 0.5
+        assert long.config.provision_budget_s == 30
+
+
+def test_two_sessions_keep_their_own_caps(local_fleet: LocalFleet) -> None:
+    tight = session_on(local_fleet, max_live_instances=1, provision_budget_s=1.0)
+    roomy = session_on(local_fleet, max_live_instances=3)
+    with tight, roomy:
+        first = FleetEnv(TASK, session=tight)
+        first.reset()
+        # The tight session is full: its next instance waits for a slot, then gives up.
+        with FleetEnv(TASK, session=tight) as second, pytest.raises(
+                DeadlineExceeded, match="max_live_instances=1"):
+            second.reset()
+        # The roomy session, created in the same process, is not bound by that cap.
+        others = [FleetEnv(TASK, session=roomy) for _ in range(3)]
+        for env in others:
+            env.reset()
+        assert len({env.instance_id for env in others}) == 3
+        assert roomy.live.in_use == 3 and tight.live.in_use == 1
+        for env in [first, *others]:
+            env.close()
+        assert roomy.live.in_use == 0 and tight.live.in_use == 0
+
+
+def test_closing_a_session_deletes_what_it_created(local_fleet: LocalFleet) -> None:
+    session = session_on(local_fleet)
+    envs = [FleetEnv(TASK, session=session) for _ in range(2)]
+    for env in envs:
+        env.reset()  # left open on purpose: the session cleans up after them
+    ids = set(session.live_instance_ids())
+    assert ids == {env.instance_id for env in envs} and ids <= running(local_fleet)
+    session.close()
+    assert not ids & running(local_fleet)
+    assert session.live_instance_ids() == []
+    session.close()  # idempotent
+    with pytest.raises(FleetEnvError, match="session is closed"):
+        FleetEnv(TASK, session=session).reset()
+    for env in envs:  # their instances are gone: closing them only ends their MCP sessions
+        env.close()
+        assert env.grade is not None and env.grade.reason == "instance_gone"
+
+
+def test_a_private_session_closes_with_its_env(local_fleet: LocalFleet) -> None:
+    env = FleetEnv(TASK, api_key=local_fleet.token, base_url=local_fleet.base_url)
+    env.reset()
+    assert env.session is not fleetenv.fleet.session.default_session()
+    env.close()
+    assert env.session.closed
+
+
+def test_sessions_sharing_a_key_share_fleets_pause(local_fleet: LocalFleet,
+                                                  local_faults: Any) -> None:
+    first = session_on(local_fleet, retry_base_s=0.5, retry_cap_s=0.5)
+    second = session_on(local_fleet, max_live_instances=2)
+    with first, second:
+        limiter = first.provisioner.key_limit
+        assert second.provisioner.key_limit is limiter  # one limiter per API key
+        seen_pause: list[float] = []
+
+        def on_event(event: Any) -> None:
+            if isinstance(event, ProvisioningRetry):
+                # Fleet told the key to slow down: the *other* session sees the pause too.
+                seen_pause.append(second.provisioner.key_limit.paused_for())
+
+        first.events.add_sink(on_event)
+        local_faults.add("create_error", status=429, message="Too many requests", times=1)
+        with FleetEnv(TASK, session=first) as env:
+            env.reset()
+        assert len(seen_pause) == 1 and seen_pause[0] > 0
+
+
+def test_key_limiter_holds_creates_until_the_pause_ends() -> None:
+    limiter = KeyLimiter()
+    assert limiter.wait(Deadline(1.0)) == 0.0
+    limiter.pause(0.3)
+    waited = limiter.wait(Deadline(5.0))
+    assert waited >= 0.25  # it really held (the pause is the behaviour under test)
+    limiter.pause(10.0)
+    with pytest.raises(DeadlineExceeded) as info:
+        limiter.wait(Deadline(0.2))
+    assert info.value.retryable
+
+
+def _use_in_child(session: Session, out: Any) -> None:
+    try:
+        session.provisioner  # noqa: B018 - the access is the test
+    except FleetEnvError as exc:
+        out.put(str(exc))
+    else:
+        out.put("no error")
+
+
+def test_a_forked_child_refuses_the_parents_session(local_fleet: LocalFleet) -> None:
+    session = session_on(local_fleet)
+    with session:
+        session.provisioner  # noqa: B018 - build the backend in the parent first
+        context = multiprocessing.get_context("fork")
+        out = context.Queue()
+        child = context.Process(target=_use_in_child, args=(session, out))
+        child.start()
+        message = out.get(timeout=30)
+        child.join(timeout=30)
+    assert "parent process" in message
+
+
+def test_retryable_is_set_on_errors() -> None:
+    from fleetenv.errors import (
+        ConnectError,
+        PermanentProvisioningError,
+        ToolCallMayHaveRunError,
+    )
+
+    assert TransientProvisioningError("x").retryable
+    assert ConnectError("x").retryable
+    assert not ConnectError("x", retryable=False).retryable
+    assert not PermanentProvisioningError("x").retryable
+    assert not ToolCallMayHaveRunError("x").retryable
+
+
+def test_the_default_session_is_shared_and_replaced_when_closed() -> None:
+    from fleetenv.fleet.session import default_session
+
+    first = default_session()
+    assert default_session() is first
+    first.close()
+    assert default_session() is not first
+
+
+def test_session_repr_shows_no_secret(local_fleet: LocalFleet) -> None:
+    with session_on(local_fleet) as session:
+        assert local_fleet.token not in repr(session)
+        assert local_fleet.token not in repr(session.config)
+
+
+
+def test_a_runner_on_a_session_honours_its_caps_and_leaves_it_open(
+        local_fleet: LocalFleet) -> None:
+    from fleetenv import Runner
+    from fleetenv.events import InstanceProvisioned
+
+    session = session_on(local_fleet, max_live_instances=2)
+    live_seen: list[int] = []
+    session.events.add_sink(lambda e: live_seen.append(session.live.in_use)
+                            if isinstance(e, InstanceProvisioned) else None)
+    tasks = [t for t in fleetenv.load_tasks(bundled_tasks_path())
+             if t.modality == "tool_use"][:4]
+    with session:
+        with Runner(session=session, workers=4, progress=False) as runner:
+            results = list(runner.run(tasks, "reference"))
+        assert [r.reward for r in results] == [1.0] * 4, [r.error for r in results]
+        assert len(live_seen) == 4 and max(live_seen) <= 2  # the session's cap held
+        assert not session.closed  # the runner did not own it
+        assert session.live_instance_ids() == []
