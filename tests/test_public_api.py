@@ -128,8 +128,10 @@ def test_renamed_keyword_warns_and_still_works() -> None:
         "from fleetenv.local.apps import bundled_tasks_path\n"
         "task = fleetenv.load_tasks(bundled_tasks_path())[0]\n"
         "env = fleetenv.FleetEnv(task, episode_timeout_s=12.0)\n"
-        "assert env.episode_deadline_s == 12.0")
+        "assert env.episode_deadline_s == 12.0\n"
+        "assert env.verifier_stdout is None  # no grade yet")
     assert "FleetEnv(episode_timeout_s=...) is deprecated; use episode_deadline_s" in out
+    assert "FleetEnv.verifier_stdout is deprecated; use env.grade.stdout" in out
     task = fleetenv.load_tasks(
         importlib.import_module("fleetenv.local.apps").bundled_tasks_path())[0]
     with pytest.raises(TypeError, match="unexpected keyword"):

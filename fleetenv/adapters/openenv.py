@@ -50,7 +50,7 @@ class FleetTaskEnv:
     ) -> None:
         task = task_config if isinstance(task_config, Task) else Task.model_validate(
             dict(task_config))
-        config_kwargs = {}
+        config_kwargs: dict[str, Any] = {}
         if request_timeout_s is not None:
             from fleetenv.core.config import resolve_config
 

@@ -66,7 +66,8 @@ def run_sync(plan: Plan[T]) -> T:
         try:
             op = plan.send(value) if error is None else plan.throw(error)
         except StopIteration as stop:
-            return stop.value
+            result: T = stop.value
+            return result
         value, error = None, None
         try:
             if isinstance(op, Blocking):
@@ -86,7 +87,8 @@ async def run_async(plan: Plan[T]) -> T:
         try:
             op = plan.send(value) if error is None else plan.throw(error)
         except StopIteration as stop:
-            return stop.value
+            result: T = stop.value
+            return result
         value, error = None, None
         try:
             if isinstance(op, Blocking):

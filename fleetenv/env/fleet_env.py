@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.config import FleetConfig
-from fleetenv.core.deprecation import renamed_kwargs
+from fleetenv.core.deprecation import renamed_kwargs, warn_once
 from fleetenv.core.errors import (
     ConfigurationError,
     DeadlineExceeded,
@@ -235,6 +235,29 @@ class FleetEnv:
     @property
     def timings(self) -> dict[str, float]:
         return dict(self._state.timings)
+
+    # 0.1 names of the grade's fields; they live on ``env.grade`` now.
+    @property
+    def verifier_stdout(self) -> str | None:
+        """Deprecated: use ``env.grade.stdout``."""
+        return self._grade_field("verifier_stdout", "stdout")
+
+    @property
+    def verifier_error(self) -> str | None:
+        """Deprecated: use ``env.grade.error``."""
+        return self._grade_field("verifier_error", "error")
+
+    @property
+    def verifier_execution_id(self) -> str | None:
+        """Deprecated: use ``env.grade.execution_id``."""
+        return self._grade_field("verifier_execution_id", "execution_id")
+
+    def _grade_field(self, old: str, new: str) -> str | None:
+        warn_once("FleetEnv", old, f"FleetEnv.{old} is deprecated; use env.grade.{new} "
+                  "(moved in fleetenv 1.0)")
+        grade = self._state.grade
+        value: str | None = getattr(grade, new) if grade else None
+        return value
 
     # ------------------------------------------------------------------ blocking API
 
@@ -522,8 +545,9 @@ class FleetEnv:
     def _finish_plan(self, reason: StopReason) -> Plan[Grade]:
         """Grade once (cached), then report the completion once."""
         state = self._state
-        grade, computed = yield Blocking(grade_once, (self.session, self.task,
-                                                      self._lease.instance, state))
+        outcome: tuple[Grade, bool] = yield Blocking(
+            grade_once, (self.session, self.task, self._lease.instance, state))
+        grade, computed = outcome
         if computed and not grade.graded and grade.reason is not GradeReason.NO_VERIFIER:
             self._emit(VerifierFailed, error_type=str(grade.reason or "unknown"),
                        error=grade.error or "", steps=state.step)

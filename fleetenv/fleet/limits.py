@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from fleetenv.core.errors import DeadlineExceeded
 from fleetenv.core.retry import Deadline
@@ -49,7 +50,7 @@ class Gate:
         with self._cond:
             return self._in_use
 
-    def acquire(self, deadline: Deadline, **context: str | None) -> None:
+    def acquire(self, deadline: Deadline, **context: Any) -> None:
         with self._cond:
             while self._in_use >= self.capacity:
                 remaining = deadline.remaining()
@@ -71,7 +72,7 @@ class Gate:
             self._cond.notify()
 
     @contextmanager
-    def slot(self, deadline: Deadline, **context: str | None) -> Iterator[None]:
+    def slot(self, deadline: Deadline, **context: Any) -> Iterator[None]:
         self.acquire(deadline, **context)
         try:
             yield
@@ -99,7 +100,7 @@ class KeyLimiter:
         with self._cond:
             self._resume_at = max(self._resume_at, time.monotonic() + seconds)
 
-    def wait(self, deadline: Deadline, **context: str | None) -> float:
+    def wait(self, deadline: Deadline, **context: Any) -> float:
         """Block until the key may create again; returns the seconds waited.
 
         Raises ``DeadlineExceeded`` (retryable) if the pause outlasts ``deadline``.

@@ -78,8 +78,9 @@ class ManagerClient:
 
     def describe_db(self, name: str = "current") -> dict[str, Any]:
         """Tables and columns of one SQLite resource (``current`` or ``seed``)."""
-        return self._request("GET", f"/resources/sqlite/{name}/describe",
-                             timeout_s=self.timeout_s, what=f"describe {name} db")
+        return self._object(self._request("GET", f"/resources/sqlite/{name}/describe",
+                                          timeout_s=self.timeout_s,
+                                          what=f"describe {name} db"), f"describe {name} db")
 
     def query_db(self, sql: str, args: list[Any] | None = None, *, name: str = "current",
                  read_only: bool = True) -> dict[str, Any]:
@@ -95,12 +96,18 @@ class ManagerClient:
                 hint="check the SQL against describe_db(); writes need read_only=False",
                 instance=self.instance_id,
             )
+        return self._object(body, f"query {name} db")
+
+    def _object(self, body: Any, what: str) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise FleetEnvError(f"manager {what} answered {type(body).__name__}, not an object",
+                                instance=self.instance_id, endpoint=self.manager_url)
         return body
 
     def _request(self, method: str, path: str, *, timeout_s: float, what: str,
                  json: Any = None) -> Any:
         url = f"{self.manager_url}{path}"
-        context = {"instance": self.instance_id, "endpoint": url}
+        context: dict[str, Any] = {"instance": self.instance_id, "endpoint": url}
         try:
             response = self._pool.get().request(method, url, json=json, timeout=timeout_s)
         except requests.Timeout as exc:

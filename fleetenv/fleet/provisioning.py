@@ -135,7 +135,7 @@ class Provisioner:
         ``DeadlineExceeded`` when a cap slot did not free up in time.
         """
         deadline = deadline or self.retry.deadline()
-        context = {"task": request.task_key, "env": request.env_spec,
+        context: dict[str, Any] = {"task": request.task_key, "env": request.env_spec,
                    "fleet": self.client.base_url}
         started = time.monotonic()
         track(self.registry)
@@ -151,7 +151,7 @@ class Provisioner:
         return instance
 
     def _create_with_retries(self, request: ProvisionRequest, deadline: Deadline,
-                             context: dict[str, str | None],
+                             context: dict[str, Any],
                              listener: ProvisionListener | None) -> Instance:
         attempts = 0
 
@@ -256,7 +256,7 @@ class Provisioner:
         """
         if instance.deleted:
             return
-        context = {"instance": instance.instance_id, "env": instance.env_key}
+        context: dict[str, Any] = {"instance": instance.instance_id, "env": instance.env_key}
 
         def attempt() -> None:
             try:

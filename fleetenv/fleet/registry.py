@@ -144,11 +144,12 @@ def untrack(registry: InstanceRegistry) -> None:
         _registries.discard(registry)
 
 
-def delete_everywhere() -> int:
+def delete_everywhere() -> None:
     """Delete the live instances of every tracked registry (the exit hook)."""
     with _hooks_lock:
         registries = list(_registries)
-    return sum(registry.delete_all() for registry in registries)
+    for registry in registries:
+        registry.delete_all()
 
 
 def install_exit_hooks() -> None:

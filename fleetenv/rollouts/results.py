@@ -118,7 +118,7 @@ def read_results(path: str | os.PathLike[str]) -> list[RolloutResult]:
 
 
 def _parse_line(line: str, file: Path, number: int) -> RolloutResult:
-    where = {"file": str(file), "line": number}
+    where: dict[str, Any] = {"file": str(file), "line": number}
     try:
         data = json.loads(line)
     except json.JSONDecodeError as exc:

@@ -299,6 +299,7 @@ class Runner:
         # Running from the caller's point of view at once: cancelling one rollout's future
         # cannot stop an episode in another thread or process, so it must not pretend to.
         outer.set_running_or_notify_cancel()
+        inner: Future[Any]
         try:
             if self._in_process:
                 inner = self._executor.submit(run_job, job, session=self.session,
