@@ -202,7 +202,7 @@ def test_cancel_closes_live_episodes_and_leaves_no_instance(
         assert not consumer.is_alive(), "run() did not end after cancel()"
         took = time.monotonic() - cancelled_at
     finally:
-        runner.close(timeout=20)
+        runner.close(timeout_s=20)
     # A hang bound, not a speed claim: run() ends well under a second after cancel();
     # 10 s only catches a cancel that waits for the held calls or some timeout to run out.
     assert took < 10

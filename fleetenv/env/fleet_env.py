@@ -12,6 +12,7 @@ Lifecycle::
 
 Who owns what: the :class:`~fleetenv.Session` owns settings, caps, retries and the
 event bus; :class:`~fleetenv.env.instance.InstanceLease` owns this env's instance;
+:class:`~fleetenv.env.toolbox.Toolbox` owns its MCP sessions and the tools it offers;
 :class:`~fleetenv.env.state.EpisodeState` owns the counters and outcome of the current
 episode; :func:`~fleetenv.env.grading.grade_once` runs the verifier once. This class
 routes actions between them, and that is all.
@@ -37,8 +38,6 @@ asyncio loop without blocking it.
 
 from __future__ import annotations
 
-import difflib
-import functools
 import threading
 import time
 from collections.abc import Mapping
@@ -67,33 +66,29 @@ from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import GradeReason, Modality, StopReason
 from fleetenv.env.actions import (
     SUBMIT_FINAL_ANSWER,
-    SUBMIT_FINAL_ANSWER_TOOL,
     Done,
     FinalAnswer,
     ListTools,
     ToolCall,
     parse_action,
 )
-from fleetenv.env.driver import Blocking, OnLoop, Plan, run_async, run_sync
+from fleetenv.env.driver import Blocking, Plan, run_async, run_sync
 from fleetenv.env.grading import grade_once
 from fleetenv.env.instance import InstanceLease
 from fleetenv.env.observation import Observation
 from fleetenv.env.state import EpisodeState, EpisodeStats
+from fleetenv.env.toolbox import Toolbox
 from fleetenv.fleet.session import Session, default_session
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.verifier import Grade
     from fleetenv.mcp.results import ToolResult
-    from fleetenv.mcp.router import ToolRouter
     from fleetenv.mcp.tools import Tool
 
 __all__ = ["FleetEnv", "StepResult"]
 
 StepResult = tuple[Observation, "float | None", bool, bool, dict[str, Any]]
 """``(observation, reward, terminated, truncated, info)``, as in Gymnasium."""
-
-_COMPUTER_TOOL = "computer"
-_BACKSTOP_S = 15.0  # extra slack for the loop-side watchdog beyond the tool's own timeout
 
 
 class FleetEnv:
@@ -144,9 +139,7 @@ class FleetEnv:
                                     run_tag=run_tag, emit=self._emit,
                                     on_instance=self._on_instance)
         self._state = EpisodeState()
-        self._router: ToolRouter | None = None
-        self._tools: list[Tool] = []
-        self._openai_tools: list[dict[str, Any]] = []
+        self._toolbox = Toolbox(self.task, self.config, max_text_chars=max_text_chars)
         self._closed = False
         self._close_lock = threading.Lock()
         self._episodes = 0
@@ -179,12 +172,12 @@ class FleetEnv:
     @property
     def tools(self) -> list[Tool]:
         """The episode's MCP tools (modality-filtered), as typed ``Tool`` objects."""
-        return list(self._tools)
+        return list(self._toolbox.tools)
 
     @property
     def openai_tools(self) -> list[dict[str, Any]]:
         """The tools the agent may call, in OpenAI function format."""
-        return list(self._openai_tools)
+        return list(self._toolbox.openai_tools)
 
     @property
     def done(self) -> bool:
@@ -348,11 +341,13 @@ class FleetEnv:
                 info["reset"] = "instance_replaced"
                 yield Blocking(self._lease.provision)
             state.timings["provision_s"] = time.monotonic() - started
-            if self._router is None:
-                yield from self._open_tools_plan()
+            if not self._toolbox.is_open:
+                instance = self._lease.require()
+                yield from self._toolbox.open_plan(instance.root_url,
+                                                   instance_id=instance.instance_id)
             content: list[dict[str, Any]] = []
             if self.task.modality is not Modality.TOOL_USE:
-                content, screenshot_error = yield from self._screenshot_plan()
+                content, screenshot_error = yield from self._toolbox.screenshot_plan()
                 if screenshot_error:
                     info["screenshot_error"] = screenshot_error
         except Exception as exc:
@@ -360,62 +355,12 @@ class FleetEnv:
             raise
         info.update(instance_id=self.instance_id, root_url=self.root_url,
                     modality=self.task.modality,
-                    tools=[t["function"]["name"] for t in self._openai_tools])
+                    tools=[t["function"]["name"] for t in self._toolbox.openai_tools])
         observation = Observation(
             task_key=self.task.key, prompt=self.task.prompt, modality=self.task.modality,
             step=0, tools=self.openai_tools, content=content,
         )
         return observation, info
-
-    def _open_tools_plan(self) -> Plan[None]:
-        from fleetenv.mcp.router import ToolRouter, endpoints_for
-
-        instance = self._lease.instance
-        if instance is None:
-            raise EpisodeStateError("no instance to open tools on", task=self.task.key)
-        browser_url = (self.task.metadata or {}).get("browser_mcp_url")
-        if self.task.modality is Modality.BROWSER_USE and not browser_url:
-            # fleet-python has no browser-lease API; without a lease URL the instance's
-            # own computer endpoint serves the browser session.
-            browser_url = f"{instance.root_url}api/v1/mcp"
-        router = ToolRouter(
-            endpoints_for(instance.root_url, self.task.modality, browser_url),
-            connect_timeout_s=self.config.connect_timeout_s,
-            call_timeout_s=self.config.tool_timeout_s,
-        )
-        self._router = router  # before opening: close() must find it if we are cancelled
-        yield OnLoop(router.aopen, timeout=self._watchdog(self.config.connect_timeout_s * 3))
-        self._set_tools(router.tools)
-
-    def _set_tools(self, tools: list[Tool]) -> None:
-        if self.task.modality is Modality.TOOL_USE:
-            kept = [t for t in tools if t.name != _COMPUTER_TOOL]
-        else:
-            kept = [t for t in tools if t.name == _COMPUTER_TOOL]
-            if not kept:
-                raise ToolNotFoundError(
-                    f"a {self.task.modality} task needs the {_COMPUTER_TOOL!r} tool, but the "
-                    f"instance offers only {sorted(t.name for t in tools)}",
-                    task=self.task.key, instance=self.instance_id,
-                )
-        if not kept:
-            raise ToolNotFoundError("the instance offers no tools for this task",
-                                    task=self.task.key, instance=self.instance_id)
-        self._tools = kept
-        self._openai_tools = [t.openai() for t in kept]
-        if self.task.modality is Modality.TOOL_USE and self.task.needs_final_answer:
-            self._openai_tools.append(SUBMIT_FINAL_ANSWER_TOOL)
-
-    def _screenshot_plan(self) -> Plan[tuple[list[dict[str, Any]], str | None]]:
-        router = self._require_router()
-        try:
-            result: ToolResult = yield OnLoop(
-                functools.partial(router.acall, _COMPUTER_TOOL, {"action": "screenshot"},
-                                  timeout_s=self.config.tool_timeout_s),
-                timeout=self._watchdog(self.config.tool_timeout_s))
-        except FleetEnvError as exc:
-            return [{"type": "text", "text": f"(initial screenshot failed: {exc})"}], str(exc)
-        return result.to_openai_content(self.max_text_chars), result.error_message
 
     # ------------------------------------------------------------------ step
 
@@ -437,9 +382,7 @@ class FleetEnv:
         for item in actions:
             if isinstance(item, ListTools):
                 observation = self._observation(
-                    [{"type": "text", "text": "\n".join(
-                        f"- {t['function']['name']}: {t['function'].get('description', '')}"
-                        for t in self._openai_tools)}], tool_name=None)
+                    [{"type": "text", "text": self._toolbox.listing()}], tool_name=None)
             elif isinstance(item, FinalAnswer):
                 state.final_answer = item.answer
                 info["submitted_answer"] = item.answer
@@ -472,14 +415,11 @@ class FleetEnv:
 
     def _tool_plan(self, call: ToolCall, info: dict[str, Any]) -> Plan[Observation]:
         """Run one tool call; every failure becomes an observation, never a crash."""
-        router = self._require_router()
         state = self._state
         name = call.name
         info["tool_name"] = name
         try:
-            arguments = call.decoded_arguments()
-            if name not in {t.name for t in self._tools}:
-                raise self._unknown_tool(name)
+            arguments = self._toolbox.check(call)
         except (ToolArgumentsError, ToolNotFoundError) as exc:
             return self._tool_error(call, exc.message, info)
         timeout_s = state.deadline.cap(self.config.tool_timeout_s)
@@ -488,9 +428,7 @@ class FleetEnv:
             return self._observation([], tool_name=name, call_id=call.id)
         state.tool_calls += 1
         try:
-            result: ToolResult = yield OnLoop(
-                functools.partial(router.acall, name, arguments, timeout_s=timeout_s),
-                timeout=self._watchdog(timeout_s))
+            result = yield from self._toolbox.call_plan(name, arguments, timeout_s)
         except DeadlineExceeded as exc:
             self._emit(ToolCallFailed, tool_name=name, step=state.step,
                        error_type=type(exc).__name__, error=str(exc))
@@ -515,14 +453,6 @@ class FleetEnv:
         content = result.to_openai_content(self.max_text_chars)
         return self._observation(content, tool_name=name, call_id=call.id, result=result,
                                  error=result.error_message if result.is_error else None)
-
-    def _unknown_tool(self, name: str) -> ToolNotFoundError:
-        names = [t["function"]["name"] for t in self._openai_tools]
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-        suggestion = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        return ToolNotFoundError(
-            f"unknown tool {name!r}.{suggestion} Available: {', '.join(names)}",
-            tool=name, task=self.task.key)
 
     def _tool_error(self, call: ToolCall, message: str, info: dict[str, Any]) -> Observation:
         self._state.record_tool_error(call.name, message)
@@ -579,11 +509,8 @@ class FleetEnv:
                 else:
                     self._complete(state.stop_reason or reason or StopReason.INTERRUPTED)
         finally:
-            router, self._router = self._router, None
             try:
-                if router is not None:
-                    yield OnLoop(router.aclose,
-                                 timeout=self._watchdog(self.config.connect_timeout_s))
+                yield from self._toolbox.close_plan()
             finally:
                 yield Blocking(self._lease.close)
                 if self._owns_session:
@@ -591,18 +518,8 @@ class FleetEnv:
 
     # ------------------------------------------------------------------ helpers
 
-    def _require_router(self) -> ToolRouter:
-        if self._router is None:
-            raise EpisodeStateError("the MCP tools are not open", hint="call reset() first",
-                                    task=self.task.key)
-        return self._router
-
     def _on_instance(self, instance_id: str) -> None:
         self._ref = self._ref.with_instance(instance_id)
-
-    def _watchdog(self, seconds: float) -> float:
-        """The loop-side bound for an operation whose own timeout is ``seconds``."""
-        return seconds + _BACKSTOP_S
 
     def _check_not_closed(self) -> None:
         if self._closed:

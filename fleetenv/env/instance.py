@@ -139,10 +139,14 @@ class InstanceLease:
             return False  # unknown: treat the failure as a tool error, not as expiry
         return status in _GONE_STATUSES
 
-    def manager(self) -> ManagerClient:
+    def require(self) -> Instance:
+        """The live instance; raises ``EpisodeStateError`` when there is none."""
         instance = self.instance
         if instance is None:
             raise EpisodeStateError("no instance yet", hint="call reset() first",
                                     task=self.task.key)
-        return self.session.manager(instance)
+        return instance
+
+    def manager(self) -> ManagerClient:
+        return self.session.manager(self.require())
 

@@ -430,8 +430,8 @@ class MCPConnection:
                 async with AsyncExitStack() as stack:
                     client = await http.connection_client(
                         headers=self._headers,
-                        connect_timeout=timeout_s,
-                        read_timeout=max(300.0, self.call_timeout_s + 30.0),
+                        connect_timeout_s=timeout_s,
+                        read_timeout_s=max(300.0, self.call_timeout_s + 30.0),
                         on_response=statuses,
                     )
                     stack.push_async_callback(client.aclose)

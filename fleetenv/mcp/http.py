@@ -57,13 +57,13 @@ async def _shared_ssl_context() -> ssl.SSLContext:
 async def connection_client(
     *,
     headers: Mapping[str, str] | None,
-    connect_timeout: float,
-    read_timeout: float,
+    connect_timeout_s: float,
+    read_timeout_s: float,
     on_response: list[int] | None = None,
 ) -> httpx2.AsyncClient:
     """A client with its own pool for one MCP connection. Loop thread only.
 
-    ``read_timeout`` bounds the silence on one HTTP response (an SSE tool reply or the
+    ``read_timeout_s`` bounds the silence on one HTTP response (an SSE tool reply or the
     session's GET stream). ``on_response``, if given, collects the status code of every
     error response, so a failed connect can tell "no MCP here" (404/405) from a broken
     server. The caller closes the client (which closes its pool).
@@ -79,8 +79,8 @@ async def connection_client(
     return httpx2.AsyncClient(
         headers=dict(headers) if headers else None,
         timeout=httpx2.Timeout(
-            connect=connect_timeout,
-            read=read_timeout,
+            connect=connect_timeout_s,
+            read=read_timeout_s,
             write=_WRITE_TIMEOUT_S,
             pool=_POOL_TIMEOUT_S,
         ),

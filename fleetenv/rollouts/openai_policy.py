@@ -280,7 +280,8 @@ class OpenAIChatPolicy:
         except requests.Timeout:
             return None, self._error(DeadlineExceeded, f"the model server did not answer "
                                      f"within {self.timeout_s:g} s", "raise timeout_s, or "
-                                     "check the server is not overloaded"), None
+                                     "check the server is not overloaded",
+                                     retryable=True), None
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
             return None, self._error(ConnectError, "could not reach the model server",
                                      "check base_url and that the server is running",
@@ -307,6 +308,7 @@ class OpenAIChatPolicy:
                         if status == 429 else "try again later, or raise max_retries")
                 error = self._error(FleetEnvError, f"the model server is {what} "
                                     f"(HTTP {status}): {detail}", hint, status=status)
+                error.retryable = True  # the same request may well succeed later
                 return None, error, _retry_after(response)
         self._count_failure()
         raise self._client_error(status, detail)

@@ -1,0 +1,145 @@
+"""The MCP tools of one ``FleetEnv``: which endpoints, which tools, and sending a call.
+
+The toolbox owns the env's :class:`~fleetenv.mcp.router.ToolRouter` (one persistent MCP
+session per endpoint) and decides what the agent is offered: the modality's tools, plus
+the local ``submit_final_answer`` tool when the task wants an answer. Its operations are
+plan steps (see ``driver.py``): the MCP work runs on fleetenv's loop thread, and the env
+decides what a failure means for the episode.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from typing import TYPE_CHECKING, Any
+
+from fleetenv.core.config import FleetConfig
+from fleetenv.core.errors import EpisodeStateError, FleetEnvError, ToolNotFoundError
+from fleetenv.core.tasks import Task
+from fleetenv.core.vocabulary import Modality
+from fleetenv.env.actions import SUBMIT_FINAL_ANSWER_TOOL, ToolCall
+from fleetenv.env.driver import OnLoop, Plan
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.mcp.results import ToolResult
+    from fleetenv.mcp.router import ToolRouter
+    from fleetenv.mcp.tools import Tool
+
+__all__ = ["Toolbox"]
+
+#: The tool computer- and browser-use tasks act through (on the ``api/v1/mcp`` endpoint).
+COMPUTER_TOOL = "computer"
+#: Extra slack for the caller-side watchdog beyond an operation's own timeout.
+_BACKSTOP_S = 15.0
+
+
+def watchdog(seconds: float) -> float:
+    """The caller-side bound for a loop operation whose own timeout is ``seconds``: the
+    in-loop timeout is the real one; this only catches a wedged loop."""
+    return seconds + _BACKSTOP_S
+
+
+class Toolbox:
+    """The tools one env offers its agent, and the MCP sessions behind them."""
+
+    def __init__(self, task: Task, config: FleetConfig, *, max_text_chars: int) -> None:
+        self.task = task
+        self.config = config
+        self.max_text_chars = max_text_chars
+        self.router: ToolRouter | None = None
+        self.tools: list[Tool] = []
+        self.openai_tools: list[dict[str, Any]] = []
+
+    @property
+    def is_open(self) -> bool:
+        return self.router is not None
+
+    def open_plan(self, root_url: str, *, instance_id: str | None) -> Plan[None]:
+        """Open the modality's endpoints on the instance at ``root_url`` and list tools."""
+        from fleetenv.mcp.router import ToolRouter, endpoints_for
+
+        browser_url = (self.task.metadata or {}).get("browser_mcp_url")
+        if self.task.modality is Modality.BROWSER_USE and not browser_url:
+            # fleet-python has no browser-lease API; without a lease URL the instance's
+            # own computer endpoint serves the browser session.
+            browser_url = f"{root_url}api/v1/mcp"
+        router = ToolRouter(
+            endpoints_for(root_url, self.task.modality, browser_url),
+            connect_timeout_s=self.config.connect_timeout_s,
+            call_timeout_s=self.config.tool_timeout_s,
+        )
+        self.router = router  # before opening: close must find it if we are cancelled
+        yield OnLoop(router.aopen, timeout=watchdog(self.config.connect_timeout_s * 3))
+        self._offer(router.tools, instance_id)
+
+    def _offer(self, tools: list[Tool], instance_id: str | None) -> None:
+        """Keep the tools this task's modality acts through; fail if there are none."""
+        if self.task.modality is Modality.TOOL_USE:
+            kept = [t for t in tools if t.name != COMPUTER_TOOL]
+        else:
+            kept = [t for t in tools if t.name == COMPUTER_TOOL]
+            if not kept:
+                raise ToolNotFoundError(
+                    f"a {self.task.modality} task needs the {COMPUTER_TOOL!r} tool, but the "
+                    f"instance offers only {sorted(t.name for t in tools)}",
+                    task=self.task.key, instance=instance_id)
+        if not kept:
+            raise ToolNotFoundError("the instance offers no tools for this task",
+                                    task=self.task.key, instance=instance_id)
+        self.tools = kept
+        self.openai_tools = [t.openai() for t in kept]
+        if self.task.modality is Modality.TOOL_USE and self.task.needs_final_answer:
+            self.openai_tools.append(SUBMIT_FINAL_ANSWER_TOOL)
+
+    def screenshot_plan(self) -> Plan[tuple[list[dict[str, Any]], str | None]]:
+        """The first screenshot of a computer/browser task, as chat content, and the error
+        if it failed (a failed screenshot is shown to the agent, not raised)."""
+        router = self._require_router()
+        try:
+            result: ToolResult = yield OnLoop(
+                functools.partial(router.acall, COMPUTER_TOOL, {"action": "screenshot"},
+                                  timeout_s=self.config.tool_timeout_s),
+                timeout=watchdog(self.config.tool_timeout_s))
+        except FleetEnvError as exc:
+            return [{"type": "text", "text": f"(initial screenshot failed: {exc})"}], str(exc)
+        return result.to_openai_content(self.max_text_chars), result.error_message
+
+    def check(self, call: ToolCall) -> dict[str, Any]:
+        """The call's decoded arguments; raises ``ToolArgumentsError`` for arguments that
+        are not a JSON object and ``ToolNotFoundError`` (with suggestions) for a tool the
+        agent was not offered."""
+        arguments = call.decoded_arguments()
+        if call.name not in {t.name for t in self.tools}:
+            names = [t["function"]["name"] for t in self.openai_tools]
+            close = difflib.get_close_matches(call.name, names, n=3, cutoff=0.5)
+            suggestion = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise ToolNotFoundError(
+                f"unknown tool {call.name!r}.{suggestion} Available: {', '.join(names)}",
+                tool=call.name, task=self.task.key)
+        return arguments
+
+    def call_plan(self, name: str, arguments: dict[str, Any],
+                  timeout_s: float) -> Plan[ToolResult]:
+        """Send one call (never retried once it may have run; see ``fleetenv.mcp``)."""
+        router = self._require_router()
+        result: ToolResult = yield OnLoop(
+            functools.partial(router.acall, name, arguments, timeout_s=timeout_s),
+            timeout=watchdog(timeout_s))
+        return result
+
+    def listing(self) -> str:
+        """The offered tools as text (OpenEnv's list-tools action)."""
+        return "\n".join(f"- {t['function']['name']}: {t['function'].get('description', '')}"
+                         for t in self.openai_tools)
+
+    def close_plan(self) -> Plan[None]:
+        """End the MCP sessions (idempotent)."""
+        router, self.router = self.router, None
+        if router is not None:
+            yield OnLoop(router.aclose, timeout=watchdog(self.config.connect_timeout_s))
+
+    def _require_router(self) -> ToolRouter:
+        if self.router is None:
+            raise EpisodeStateError("the MCP tools are not open", hint="call reset() first",
+                                    task=self.task.key)
+        return self.router
