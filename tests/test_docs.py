@@ -200,6 +200,16 @@ def test_readme_commands_are_what_ci_runs() -> None:
         assert command in (line.strip() for line in ci), command
 
 
+def test_readme_links_resolve() -> None:
+    """The README is read on GitHub, outside `mkdocs build --strict`: check its links."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [t for t in targets if "://" not in t]
+    assert local, "the README links into docs/"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
+
+
 def test_fence_parser() -> None:
     text = "\n".join([
         "intro", "```python", "# not run: needs a Fleet API key", "x = 1", "```",
