@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -49,7 +50,11 @@ def test_exit_with_open_sessions_is_clean(mcp_server: RunningMCPServer, tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "leaving with sessions open"
-    assert proc.stderr == "", "no warnings, no tracebacks at exit"
+    # -X dev turns on asyncio's debug mode, which also reports callbacks slower than
+    # 100 ms: on a loaded machine that is load, not a defect of the exit path.
+    noise = re.compile(r"^Executing <.*> took [0-9.]+ seconds$")
+    stderr = [line for line in proc.stderr.splitlines() if not noise.match(line)]
+    assert stderr == [], "no warnings, no tracebacks at exit"
     assert mcp_server.log.count("DELETE") == deletes + 3, "every session was terminated"
     assert len(mcp_server.log.call_ids("sleepy")) == sleeps + 2, "in-flight calls completed"
 
