@@ -75,6 +75,10 @@ def _items(text: str, source: str) -> Iterator[tuple[int, int | None, Any]]:
     """(index, line or None, raw item) for every task in the text, whatever its shape."""
     try:
         document = json.loads(text)
+    except RecursionError:  # json's parser recurses once per nesting level
+        raise ConfigurationError(
+            "the file is JSON nested too deeply to read", file=source,
+            hint="a task file is a list of flat task objects") from None
     except json.JSONDecodeError as exc:
         # Not one JSON value. JSONL if its first line is a JSON value by itself;
         # otherwise a broken JSON document, reported where the parser stopped.
@@ -118,6 +122,11 @@ def _jsonl_items(text: str, source: str) -> Iterator[tuple[int, int | None, Any]
             continue
         try:
             raw = json.loads(line)
+        except RecursionError:
+            raise ConfigurationError(
+                f"line {line_number} is JSON nested too deeply to read", file=source,
+                index=index, line=line_number,
+                hint="JSONL needs one flat task object per line") from None
         except json.JSONDecodeError as exc:
             raise ConfigurationError(
                 f"invalid JSON on line {line_number}: {exc.msg}", file=source,

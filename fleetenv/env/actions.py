@@ -66,6 +66,12 @@ class ToolCall:
                     hint="send the arguments as a JSON object, e.g. {\"id\": 3}",
                     tool=self.name,
                 ) from None
+            except RecursionError:  # json's parser recurses once per nesting level
+                raise ToolArgumentsError(
+                    f"arguments of {self.name!r} are JSON nested too deeply to read",
+                    hint="send a flat JSON object of the tool's parameters",
+                    tool=self.name,
+                ) from None
         if not isinstance(raw, Mapping):
             raise ToolArgumentsError(
                 f"arguments of {self.name!r} must be a JSON object, got "

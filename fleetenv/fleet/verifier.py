@@ -9,6 +9,7 @@ previous client found 23% of its zero rewards were such failures, which poisoned
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -74,9 +75,9 @@ def score_of(result: Any) -> float | None:
         result = result.get("score")
     if isinstance(result, bool):
         return float(result)
-    if isinstance(result, int | float):
+    if isinstance(result, int | float) and math.isfinite(result):
         return float(result)
-    return None
+    return None  # a NaN or infinite "score" is no grade either
 
 
 def verify(
@@ -136,8 +137,8 @@ def verify(
     score = score_of(response.result)
     if score is None:
         return Grade.unknown(
-            GradeReason.BAD_RESULT, f"verifier returned {response.result!r}, not a number "
-            "or {'score': number}", stdout=stdout, execution_id=execution_id,
+            GradeReason.BAD_RESULT, f"verifier returned {response.result!r}, not a finite "
+            "number or {'score': number}", stdout=stdout, execution_id=execution_id,
             seconds=seconds)
     return Grade(reward=score, status=GradeStatus.GRADED, stdout=stdout,
                  execution_id=execution_id, seconds=seconds)

@@ -7,6 +7,7 @@ exceptions. Authentication (bearer token) is checked by the caller (``asgi``).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -236,4 +237,9 @@ class ControlPlaneRoutes:
 
     async def verifier_execute(self, request: Request) -> Response:
         body = await json_body(request)
-        return JSONResponse(await verification.execute(self.state, body))
+        result = await verification.execute(self.state, body)
+        # A verifier may return NaN or infinity; Python's json writes them as literals
+        # (and Python clients read them back), where starlette's JSONResponse would
+        # fail the request. Clients must cope with a non-finite score, so send it.
+        return Response(json.dumps(result, allow_nan=True, default=str),
+                        media_type="application/json")

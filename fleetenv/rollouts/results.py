@@ -12,6 +12,7 @@ failed rollout and the transcript. Secrets never reach it: error texts were reda
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -63,8 +64,14 @@ class ResultsWriter:
         return f"ResultsWriter({str(self.path)!r}, written={self.count})"
 
     def write(self, result: RolloutResult) -> None:
-        """Write one result as one line and flush it."""
-        line = json.dumps(result.to_dict(), ensure_ascii=False, default=_json_fallback)
+        """Write one result as one line and flush it.
+
+        Whatever a policy or a tool put into the transcript, the rollout gets its line:
+        text that is not valid Unicode (lone surrogates) is written as JSON escapes, and a
+        transcript too deeply nested to serialise is replaced by ``[]`` with the reason in
+        ``error``.
+        """
+        line = _to_line(result)
         with self._lock:
             if self._file is None:
                 raise ResultsFileError("the results writer is closed",
@@ -94,6 +101,29 @@ class ResultsWriter:
         self.close()
 
 
+def _to_line(result: RolloutResult) -> str:
+    try:
+        data = result.to_dict()
+        line = json.dumps(data, ensure_ascii=False, default=_json_fallback)
+    except (RecursionError, ValueError) as exc:
+        reason = ("nested too deeply to serialise" if isinstance(exc, RecursionError)
+                  else f"not serialisable ({exc})")
+        message = f"the transcript was dropped from this line: it is {reason}"
+        kept = dataclasses.replace(result, transcript=[], error=result.error or {
+            "type": "ResultsFileError", "message": message})
+        if result.error is not None:
+            kept.error = {**result.error, "message": f"{result.error['message']}; {message}"}
+        data = kept.to_dict()
+        line = json.dumps(data, ensure_ascii=False, default=_json_fallback)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (e.g. from a surrogateescape decode) are not UTF-8; as JSON
+        # escapes they are valid text and read back as the same Python string.
+        line = json.dumps(data, ensure_ascii=True, default=_json_fallback)
+    return line
+
+
 def iter_results(path: str | os.PathLike[str]) -> Iterator[RolloutResult]:
     """Yield the results of a JSONL file one by one; blank lines are skipped.
 
@@ -121,6 +151,9 @@ def _parse_line(line: str, file: Path, number: int) -> RolloutResult:
     where: dict[str, Any] = {"file": str(file), "line": number}
     try:
         data = json.loads(line)
+    except RecursionError:  # json's parser recurses once per nesting level
+        raise ResultsFileError(f"{file}:{number}: JSON nested too deeply to read",
+                               hint="fix or delete the line", **where) from None
     except json.JSONDecodeError as exc:
         raise ResultsFileError(
             f"{file}:{number}: not valid JSON ({exc.msg} at column {exc.colno})",
