@@ -208,3 +208,24 @@ def test_a_runner_on_a_session_honours_its_caps_and_leaves_it_open(
         assert len(live_seen) == 4 and max(live_seen) <= 2  # the session's cap held
         assert not session.closed  # the runner did not own it
         assert session.live_instance_ids() == []
+
+
+def test_a_worker_session_never_sweeps_a_tag_its_siblings_still_use(
+        local_fleet: LocalFleet, local_faults: Any) -> None:
+    # Process-pool workers share their run's tag. A worker whose create failed uncertainly
+    # must not sweep that tag at exit: a sibling's instance under it is alive.
+    tag = "fleetenv-shared-run"
+    sibling = session_on(local_fleet, run_tag=tag)
+    worker = session_on(local_fleet, run_tag=tag, provision_budget_s=0.5,
+                        retry_base_s=0.4, retry_cap_s=0.4)
+    worker.provisioner.sweeps_shared_tags = False  # what jobs.worker_session sets
+    with sibling:
+        alive = FleetEnv(TASK, session=sibling)
+        alive.reset()
+        local_faults.add("create_error", status=503)  # sent, answered 5xx: "unsure"
+        with FleetEnv(TASK, session=worker) as env, pytest.raises(TransientProvisioningError):
+            env.reset()
+        local_faults.clear()
+        worker.close()
+        assert alive.instance_id in running(local_fleet)
+        alive.close()

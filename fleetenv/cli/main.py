@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tools": ("fleetenv.cli.tools", "list the tools of an environment (provisions, then deletes)"),
     "report": ("fleetenv.cli.report", "summarise a results file (pass@k, per env, stop reasons)"),
     "serve": ("fleetenv.cli.serve", "run the embedded local Fleet in the foreground"),
+    "sweep": ("fleetenv.cli.sweep", "delete the running instances of a run tag (--dry-run: list)"),
 }
 
 #: Third-party loggers that are chatty at INFO (one line per HTTP request or MCP message).

@@ -86,7 +86,8 @@ class FleetConfig(BaseModel):
     tool_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
     #: Opening a connection (TCP + TLS) to any endpoint.
     connect_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
-    #: The manager API's /reset; some images hang on it, so it gets its own short budget.
+    #: The manager API's /reset, overall; some images hang on it, so it gets its own
+    #: short budget. (Manager describe / query use ``tool_timeout_s``.)
     reset_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
     #: Everything it takes to get one running instance: caps, make(), retries, readiness.
     provision_budget_s: float = Field(600.0, gt=0, allow_inf_nan=False)
@@ -101,7 +102,8 @@ class FleetConfig(BaseModel):
     max_steps: int = Field(50, ge=1)
     #: Wall-clock limit of one episode; None means the instance TTL of the task's modality.
     episode_deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    #: One remote verifier run.
+    #: One verification, retries included: an overall deadline (no floor), enforced on
+    #: every socket read, so a server that trickles its answer cannot stretch it.
     verifier_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     #: Tag put on every instance created with this config (fleet-python's ``run_id``), so
     #: a runner can list and sweep what its workers created, even in other processes.

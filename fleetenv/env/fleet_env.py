@@ -38,6 +38,7 @@ asyncio loop without blocking it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -78,6 +79,7 @@ from fleetenv.env.instance import InstanceLease
 from fleetenv.env.observation import Observation
 from fleetenv.env.state import EpisodeState, EpisodeStats
 from fleetenv.env.toolbox import Toolbox
+from fleetenv.fleet.registry import install_signal_handlers
 from fleetenv.fleet.session import Session, default_session
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -124,6 +126,7 @@ class FleetEnv:
                                  where="FleetEnv")
         episode_deadline_s = renamed.get("episode_deadline_s", episode_deadline_s)
         self.task = _as_task(task)
+        install_signal_handlers()  # here: reset() may run in a worker thread
         self.session, self._owns_session = _pick_session(session, config, api_key, base_url)
         self.config: FleetConfig = self.session.config
         modality = self.task.modality
@@ -143,6 +146,7 @@ class FleetEnv:
         self._closed = False
         self._close_lock = threading.Lock()
         self._episodes = 0
+        self._pid = os.getpid()
 
     def __repr__(self) -> str:
         where = self.instance_id or "no instance"
@@ -310,11 +314,13 @@ class FleetEnv:
 
     def describe_db(self, name: str = "current") -> dict[str, Any]:
         """Tables and columns of the instance's SQLite database."""
+        self._check_not_forked()
         return self._lease.manager().describe_db(name)
 
     def query_db(self, sql: str, args: list[Any] | None = None, *, name: str = "current",
                  read_only: bool = True) -> dict[str, Any]:
         """Run SQL against the instance's database (read-only unless asked)."""
+        self._check_not_forked()
         return self._lease.manager().query_db(sql, args, name=name, read_only=read_only)
 
     # ------------------------------------------------------------------ reset
@@ -497,6 +503,10 @@ class FleetEnv:
     # ------------------------------------------------------------------ close
 
     def _close_plan(self, grade: bool, reason: StopReason | None) -> Plan[None]:
+        if os.getpid() != self._pid:
+            # A forked child's copy: the instance, the MCP sessions and the episode are
+            # the parent's. Closing here must neither grade nor delete anything.
+            return
         with self._close_lock:  # close() may come from any thread, and only once
             if self._closed:
                 return
@@ -522,9 +532,18 @@ class FleetEnv:
         self._ref = self._ref.with_instance(instance_id)
 
     def _check_not_closed(self) -> None:
+        self._check_not_forked()
         if self._closed:
             raise EpisodeStateError("the environment is closed",
                                     hint="create a new FleetEnv", task=self.task.key)
+
+    def _check_not_forked(self) -> None:
+        if os.getpid() != self._pid:
+            raise FleetEnvError(
+                "this FleetEnv was created before os.fork(); a forked child cannot use it "
+                "(its instance, MCP sessions and episode belong to the parent process)",
+                hint="create a new fleetenv.Session and FleetEnv in the child",
+                task=self.task.key)
 
     def _emit(self, event_type: type, **fields: Any) -> None:
         self.events.emit(self._ref.event(event_type, **fields))

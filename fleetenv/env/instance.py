@@ -7,6 +7,7 @@ through the ``emit`` callback the env hands in, so they carry the rollout's ids.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,7 @@ class InstanceLease:
         self.instance: Instance | None = None
         #: The most recent instance's id, kept after it was deleted.
         self.last_instance_id: str | None = None
+        self._pid = os.getpid()
 
     @property
     def instance_id(self) -> str | None:
@@ -110,7 +112,11 @@ class InstanceLease:
             return False
 
     def drop(self, reason: str) -> None:
-        """Delete the instance (idempotent) and report it."""
+        """Delete the instance (idempotent) and report it. In a forked child it only
+        forgets the instance: the instance is the parent's."""
+        if os.getpid() != self._pid:
+            self.instance = None
+            return
         with self._lock:
             instance, self.instance = self.instance, None
         if instance is None:

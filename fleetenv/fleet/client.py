@@ -7,6 +7,11 @@ sockets (``Fleet`` has no close) and bound every request, and we turn off fleet-
 transport retries: they retry 404s, re-POST creates and cost ~3.5 s per failure, while
 our provisioning retries with typed classification inside one budget.
 
+Every request has an overall deadline, not only per-read timeouts: the client's
+transport is :class:`~fleetenv.fleet.deadlines.DeadlineTransport`, and callers wrap each
+operation (create, poll, delete, verify) in a ``deadline_scope`` with its own budget.
+``timeout_s`` is the bound of a request made outside any scope.
+
 Loading the CA bundle into an SSL context costs tens of milliseconds of CPU, so every
 client of the process shares one context (it is immutable configuration, not state).
 """
@@ -44,11 +49,15 @@ class FleetClient:
         import fleet
         import httpx
 
+        from fleetenv.fleet.deadlines import DeadlineTransport
+
         self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
         self._http: httpx.Client = httpx.Client(
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-            verify=_shared_ssl_context(),
+            transport=DeadlineTransport(
+                verify=_shared_ssl_context(),
+                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)),
         )
         self.sdk: fleet.Fleet = fleet.Fleet(
             api_key=api_key, base_url=self.base_url, httpx_client=self._http, max_retries=0,

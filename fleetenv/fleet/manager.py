@@ -4,10 +4,16 @@ fleet-python's manager client checks no status codes and shares the control plan
 timeout (300 s), so a hung ``/reset`` on some images blocked episodes for minutes and the
 previous client mutated a shared client's timeout to work around it. Here every call has
 its own timeout and every failure becomes a typed error that names the instance.
+
+The timeout of a call is an overall deadline (``reset_timeout_s`` for reset,
+``tool_timeout_s`` for describe / query), not a per-read timeout: a manager that answers
+one byte at a time, or sends headers and stalls, is cut off when the deadline passes
+(``fleetenv.fleet.deadlines`` says how) and the call raises ``DeadlineExceeded``.
 """
 
 from __future__ import annotations
 
+import json as _json
 import threading
 from typing import Any
 
@@ -35,7 +41,11 @@ class ManagerPool:
     def get(self) -> requests.Session:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
+            from fleetenv.fleet.deadlines import DeadlineAdapter
+
             session = requests.Session()
+            session.mount("http://", DeadlineAdapter())
+            session.mount("https://", DeadlineAdapter())
             with self._lock:
                 if self._closed:
                     session.close()
@@ -57,10 +67,11 @@ class ManagerClient:
     """Calls one instance's manager API (``{root}api/v1/env``)."""
 
     def __init__(self, manager_url: str, *, pool: ManagerPool, instance_id: str | None = None,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, connect_timeout_s: float = 10.0) -> None:
         self.manager_url = manager_url.rstrip("/")
         self.instance_id = instance_id
         self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self._pool = pool
 
     def reset(self, *, seed: int | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -106,26 +117,37 @@ class ManagerClient:
 
     def _request(self, method: str, path: str, *, timeout_s: float, what: str,
                  json: Any = None) -> Any:
+        from fleetenv.fleet.deadlines import deadline_scope
+
         url = f"{self.manager_url}{path}"
         context: dict[str, Any] = {"instance": self.instance_id, "endpoint": url}
+        late = DeadlineExceeded(f"manager {what} did not finish within {timeout_s:g} s",
+                                hint="the manager accepted the request but did not answer "
+                                "in time; start the episode on a fresh instance",
+                                **context)
         try:
-            response = self._pool.get().request(method, url, json=json, timeout=timeout_s)
+            with deadline_scope(timeout_s, what=f"manager {what}", **context):
+                timeout = (min(self.connect_timeout_s, timeout_s), timeout_s)
+                response = self._pool.get().request(method, url, json=json, timeout=timeout)
+                try:
+                    status, content = response.status_code, response.content
+                finally:
+                    response.close()
+        except DeadlineExceeded as exc:
+            raise late from exc
         except requests.Timeout as exc:
-            raise DeadlineExceeded(f"manager {what} did not answer within {timeout_s:g} s",
-                                   **context) from exc
+            raise late from exc
         except requests.ConnectionError as exc:
             raise InstanceGoneError(f"manager {what} could not connect: {exc}",
                                     **context) from exc
-        if response.status_code in (404, 410):
+        text = content.decode("utf-8", "replace")
+        if status in (404, 410):
             raise InstanceGoneError(
-                f"manager {what}: instance not found ({response.status_code})", **context)
-        if response.status_code >= 400:
-            raise FleetEnvError(
-                f"manager {what} answered {response.status_code}: {response.text[:200]}",
-                **context,
-            )
+                f"manager {what}: instance not found ({status})", **context)
+        if status >= 400:
+            raise FleetEnvError(f"manager {what} answered {status}: {text[:200]}", **context)
         try:
-            return response.json()
+            return _json.loads(content)
         except ValueError as exc:
-            raise FleetEnvError(f"manager {what} answered non-JSON: {response.text[:200]}",
+            raise FleetEnvError(f"manager {what} answered non-JSON: {text[:200]}",
                                 **context) from exc

@@ -25,8 +25,9 @@ from fleetenv.core.errors import (
 from fleetenv.core.retry import Backoff, Deadline, RetryPolicy
 from fleetenv.core.vocabulary import Modality
 from fleetenv.fleet.classify import is_rate_limit, provisioning_error
+from fleetenv.fleet.deadlines import ProvisioningDeadlineExceeded, deadline_scope
 from fleetenv.fleet.limits import Gate, KeyLimiter
-from fleetenv.fleet.registry import InstanceRegistry, LiveInstance, track
+from fleetenv.fleet.registry import InstanceRegistry, LiveInstance, terminating, track
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleet.client import SyncEnv
@@ -83,6 +84,8 @@ class Instance:
     attempts: int = 1
     deleted: bool = False
     holds_live_slot: bool = field(default=False, repr=False)
+    run_tag: str = ""
+    """The tag it was created under (``fleetenv sweep --tag`` finds it by that)."""
 
 
 ProvisionListener = Callable[[str, dict[str, Any]], None]
@@ -122,7 +125,15 @@ class Provisioner:
         # Run tags under which a create failed in a way that may have created an instance
         # anyway (timeout, dropped connection, 5xx): only those are worth sweeping.
         self._unsure_tags: set[str] = set()
+        # Instances whose delete failed after its retries: no episode owns them any more
+        # (their live slot is free), and every sweep tries to delete them again.
+        self._failed_deletes: dict[str, Instance] = {}
         self._unsure_lock = threading.Lock()
+        #: False in a process-pool worker: its run tag is shared with sibling workers
+        #: whose instances are alive, so only the runner (after the last rollout) may
+        #: sweep the tag; the worker still deletes again, by id, what it failed to delete.
+        self.sweeps_shared_tags = True
+        self._forget_lock = threading.Lock()
         registry.add_sweeper(self.sweep)
 
     def provision(self, request: ProvisionRequest, *,
@@ -138,6 +149,9 @@ class Provisioner:
         context: dict[str, Any] = {"task": request.task_key, "env": request.env_spec,
                    "fleet": self.client.base_url}
         started = time.monotonic()
+        if terminating():
+            raise FleetEnvError("not creating an instance: this process received SIGTERM "
+                                "and is deleting its instances", **context)
         track(self.registry)
         self.live.acquire(deadline, **context)
         try:
@@ -165,12 +179,10 @@ class Provisioner:
                 raise
             except Exception as exc:
                 error = provisioning_error(exc, **context)
-                if isinstance(error, TransientProvisioningError):
-                    if not _never_sent(exc):
-                        with self._unsure_lock:
-                            self._unsure_tags.add(request.run_tag or self.run_tag)
-                    if is_rate_limit(exc):  # Fleet said "slow down" to the whole key
-                        self.key_limit.pause(self.retry.backoff.delay(attempts - 1))
+                # Fleet said "slow down" to the whole key (a create that may have made an
+                # instance anyway was marked for the sweep in _create_once).
+                if isinstance(error, TransientProvisioningError) and is_rate_limit(exc):
+                    self.key_limit.pause(self.retry.backoff.delay(attempts - 1))
                 raise error from exc
 
         def on_retry(failures: int, delay: float, exc: Exception) -> None:
@@ -197,18 +209,37 @@ class Provisioner:
                      attempt: int) -> Instance:
         ttl = request.ttl_seconds
         sdk = self.client.sdk
-        env = sdk.make(
-            request.env_spec,
-            data_key=request.data_spec,
-            env_variables=request.env_variables or None,
-            image_type=IMAGE_TYPES.get(request.modality),
-            ttl_seconds=ttl,
-            run_id=request.run_tag or self.run_tag,
-            timeout=deadline.cap(900.0),
-        )
+        run_tag = request.run_tag or self.run_tag
+        budget = deadline.cap(900.0)
+        left = deadline.remaining()
+        try:
+            # An overall deadline, not only per-read timeouts (fleetenv.fleet.deadlines);
+            # retryable when the budget outlives this attempt.
+            with deadline_scope(budget, what=f"creating an instance of {request.env_spec}",
+                                error_cls=ProvisioningDeadlineExceeded,
+                                retryable=left is None or budget < left,
+                                hint="raise provision_budget_s, or retry later",
+                                task=request.task_key, env=request.env_spec):
+                env = sdk.make(
+                    request.env_spec,
+                    data_key=request.data_spec,
+                    env_variables=request.env_variables or None,
+                    image_type=IMAGE_TYPES.get(request.modality),
+                    ttl_seconds=ttl,
+                    run_id=run_tag,
+                    timeout=budget,
+                )
+        except BaseException as exc:
+            # The server may have created the instance although we never got (or could
+            # not read) its id: a timeout, a dropped connection, a 5xx, a reply that does
+            # not parse, Ctrl-C or SIGTERM while the request was out. Remember the tag,
+            # so every exit path sweeps it. Re-raised unchanged.
+            if _may_have_created(exc):
+                self._mark_unsure(run_tag)
+            raise
         instance = Instance(
             instance_id=env.instance_id, env_key=request.env_spec, root_url="",
-            manager_url="", env=env, attempts=attempt,
+            manager_url="", env=env, attempts=attempt, run_tag=run_tag,
         )
         # From here on the instance exists: register it before anything else can fail.
         self.registry.add(LiveInstance(env.instance_id, request.env_spec,
@@ -217,7 +248,11 @@ class Provisioner:
             env = self._wait_until_running(env, deadline, request)
             env.resources()  # fleet-python's db() raises KeyError until this ran
         except BaseException:
-            self.delete(instance)
+            try:
+                self.delete(instance)
+            except Exception as exc:  # the sweeper has it now; keep the original error
+                logger.warning("could not delete instance %s after its start failed: %s",
+                               instance.instance_id, exc)
             raise
         instance.env = env
         instance.root_url = env.urls.root if env.urls else ""
@@ -245,7 +280,12 @@ class Provisioner:
                 )
             time.sleep(ready.cap(poll.delay(attempt)))  # bounded poll with backoff
             attempt += 1
-            env = self.client.sdk.instance(env.instance_id)
+            with deadline_scope(ready, what=f"polling instance {env.instance_id}",
+                                error_cls=ProvisioningDeadlineExceeded,
+                                hint="raise ready_timeout_s, or check Fleet's status page",
+                                task=request.task_key, env=request.env_spec,
+                                instance=env.instance_id):
+                env = self.client.sdk.instance(env.instance_id)
         return env
 
     def delete(self, instance: Instance) -> None:
@@ -257,6 +297,7 @@ class Provisioner:
         if instance.deleted:
             return
         context: dict[str, Any] = {"instance": instance.instance_id, "env": instance.env_key}
+        tag = instance.run_tag or self.run_tag
 
         def attempt() -> None:
             try:
@@ -267,40 +308,95 @@ class Provisioner:
                 cause = provisioning_error(exc, **context)
                 raise InstanceGoneError(
                     f"could not delete instance {instance.instance_id}: {cause.message}",
-                    hint="it will be reaped by its TTL; `fleetenv` can sweep leftovers",
+                    hint=f"fleetenv deletes it again when the session closes or the "
+                         f"process exits; if that fails too, run `fleetenv sweep --tag "
+                         f"{tag}`, or its TTL reaps it",
                     retryable=cause.retryable, **context) from exc
 
-        self.retry.with_budget(self.delete_timeout_s, max_attempts=4).call(attempt)
+        try:
+            with deadline_scope(self.delete_timeout_s,
+                                what=f"deleting instance {instance.instance_id}",
+                                retryable=True, hint=f"it is deleted again at the next "
+                                f"sweep; or run `fleetenv sweep --tag {tag}`", **context):
+                self.retry.with_budget(self.delete_timeout_s, max_attempts=4).call(attempt)
+        except Exception:
+            self._hand_to_sweeper(instance)
+            raise
         self._forget(instance)
 
     def _forget(self, instance: Instance) -> None:
-        if not instance.deleted:
+        """The instance is gone: drop it from the registry, give its live slot back."""
+        with self._forget_lock:  # two deletes may race (SIGTERM cleanup vs. close)
+            if instance.deleted:
+                return
             instance.deleted = True
-            self.registry.discard(instance.instance_id)
-            if instance.holds_live_slot:
-                instance.holds_live_slot = False
-                self.live.release()
+            release, instance.holds_live_slot = instance.holds_live_slot, False
+        self.registry.discard(instance.instance_id)
+        with self._unsure_lock:
+            self._failed_deletes.pop(instance.instance_id, None)
+        if release:
+            self.live.release()
 
-    def sweep_tag(self, run_tag: str) -> list[str]:
+    def _hand_to_sweeper(self, instance: Instance) -> None:
+        """Its delete failed after the retries: no episode owns it any more, so its live
+        slot is free for the next one, and the next sweep (session close, interpreter
+        exit, SIGTERM, a runner's end) deletes it again."""
+        with self._forget_lock:
+            if instance.deleted:
+                return
+            release, instance.holds_live_slot = instance.holds_live_slot, False
+        with self._unsure_lock:
+            self._failed_deletes[instance.instance_id] = instance
+        self.registry.discard(instance.instance_id)
+        if release:
+            self.live.release()
+
+    def _mark_unsure(self, run_tag: str) -> None:
+        with self._unsure_lock:
+            self._unsure_tags.add(run_tag)
+
+    def failed_deletes(self) -> list[str]:
+        """Instances whose delete failed and that no sweep has deleted since."""
+        with self._unsure_lock:
+            return list(self._failed_deletes)
+
+    def sweep_tag(self, run_tag: str, *, dry_run: bool = False) -> list[str]:
         """Delete every running instance tagged ``run_tag`` (a runner's cleanup after a
-        cancelled run: it also reaches instances created by worker processes)."""
+        cancelled run: it also reaches instances created by worker processes; and
+        ``fleetenv sweep --tag``). ``dry_run``: only list them."""
+        if dry_run:
+            return [env.instance_id for env in
+                    self.client.sdk.instances(status="running", run_id=run_tag)]
         deleted = self._delete_tagged(run_tag, skip=set())
         with self._unsure_lock:
             self._unsure_tags.discard(run_tag)  # nothing under it is left to sweep
+            for instance_id in deleted:
+                self._failed_deletes.pop(instance_id, None)
         return deleted
 
     def sweep(self, run_tag: str | None = None) -> list[str]:
         """Delete leftovers of creates that failed after possibly creating an instance.
 
-        A dropped connection or a 5xx after the server created the instance leaves one in
-        Fleet's list that no episode knows. Sweeps ``run_tag`` (or every tag such a failure
-        happened under), skipping instances an episode still owns. Does nothing, and sends
-        nothing, when no such failure happened. Only sweep a tag when no create under it
+        A dropped connection, a 5xx, an unreadable reply or an interrupt (Ctrl-C, SIGTERM)
+        after the server created the instance leaves one in Fleet's list that no episode
+        knows. Sweeps ``run_tag`` (or every tag such a failure happened under), skipping
+        instances an episode still owns. Also deletes again, by id, the instances whose
+        delete failed earlier. Does nothing, and sends nothing, when no such failure
+        happened. Only sweep a tag when no create under it
         can still be in flight (a runner after its last episode, or interpreter exit).
         """
+        # A sweep runs at close and at exit: one budget for all of it, so a control plane
+        # that trickles its answers cannot hold the exit for a minute per request.
+        with deadline_scope(self.delete_timeout_s, what="sweeping leftover instances",
+                            retryable=True, fleet=self.client.base_url):
+            return self._sweep(run_tag)
+
+    def _sweep(self, run_tag: str | None) -> list[str]:
+        swept = self._retry_failed_deletes(run_tag)
         with self._unsure_lock:
             tags = ({run_tag} & self._unsure_tags) if run_tag else set(self._unsure_tags)
-        swept: list[str] = []
+            if not self.sweeps_shared_tags:
+                tags.clear()  # siblings in other processes may still use the tag
         for tag in tags:
             swept += self._delete_tagged(tag, skip=set(self.registry.live_ids()))
             with self._unsure_lock:
@@ -308,6 +404,27 @@ class Provisioner:
         if swept:
             logger.info("swept %d leftover instance(s): %s", len(swept), ", ".join(swept))
         return swept
+
+    def _retry_failed_deletes(self, run_tag: str | None) -> list[str]:
+        """One more delete for each instance whose delete failed earlier (by id: a tag
+        may be shared with instances other processes still use)."""
+        with self._unsure_lock:
+            pending = [i for i in self._failed_deletes.values()
+                       if run_tag is None or (i.run_tag or self.run_tag) == run_tag]
+        deleted: list[str] = []
+        for instance in pending:
+            try:
+                self.client.sdk.delete(instance.instance_id)
+            except Exception as exc:
+                if not _already_gone(exc):
+                    logger.warning(
+                        "could not delete instance %s (%s) again: %s; run `fleetenv sweep "
+                        "--tag %s`, or its TTL reaps it", instance.instance_id,
+                        instance.env_key, exc, instance.run_tag or self.run_tag)
+                    continue
+            self._forget(instance)
+            deleted.append(instance.instance_id)
+        return deleted
 
     def _delete_tagged(self, run_tag: str, *, skip: set[str]) -> list[str]:
         deleted: list[str] = []
@@ -336,6 +453,17 @@ def _never_sent(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _may_have_created(exc: BaseException) -> bool:
+    """False only when the create provably made nothing: it never left this process,
+    or the server refused it (a 4xx other than 408 timeout / 409 conflict)."""
+    if _never_sent(exc):
+        return False
+    from fleet import exceptions as fx
+
+    status = getattr(exc, "status_code", None) if isinstance(exc, fx.FleetAPIError) else None
+    return not (isinstance(status, int) and 400 <= status < 500 and status not in (408, 409))
 
 
 def _already_gone(exc: Exception) -> bool:

@@ -4,9 +4,23 @@ Leaked instances cost money and hit instance limits, so every instance fleetenv 
 is recorded in its session's registry from the moment ``make()`` returns until its delete
 succeeds. Normal ``close()``, ``with``-exit, Ctrl-C (the ``finally`` in the episode),
 ``Session.close()``, interpreter exit (``atexit``, via the runtime's shutdown hooks) and
-SIGTERM (turned into ``SystemExit`` so the same exit path runs) all end in
-:meth:`InstanceRegistry.delete_all`. The exit hooks are process-wide (there is one
-interpreter exit), and reach every registry that still holds instances.
+SIGTERM all end in :meth:`InstanceRegistry.delete_all`. The exit hooks are process-wide
+(there is one interpreter exit), and reach every registry that still holds instances.
+
+SIGTERM: ``signal.signal`` only works on the main thread, while the first instance is
+often created in a worker thread (``Runner``, async callers). So the handler is installed
+by :func:`install_signal_handlers`, which ``Session()``, ``default_session()``,
+``Runner()`` and ``FleetEnv()`` call (they run where the user's code runs, usually the
+main thread); importing fleetenv changes no handler. On SIGTERM the handler, without
+waiting for anything the process is doing:
+
+1. starts deleting every live instance of every session, in a background thread;
+2. cancels the work in flight on fleetenv's loop (tool calls that may hang for minutes),
+   so threads blocked on it unwind instead of holding up interpreter exit;
+3. refuses new instances from then on;
+4. then chains: the handler that was installed before fleetenv's is called, or, if that
+   was the default action, ``SystemExit(143)`` unwinds the main thread, and ``atexit``
+   waits (bounded) for the deletes and sweeps what is left.
 
 Deletes here are synchronous HTTP calls in the calling thread: at exit the event loop may
 already be gone, and a delete must not depend on it.
@@ -20,6 +34,7 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 logger = logging.getLogger("fleetenv.instances")
 
@@ -131,6 +146,17 @@ _hooks_installed = False
 #: Registries that may hold instances; each is removed when its session closes.
 _registries: set[InstanceRegistry] = set()
 
+#: How long interpreter exit waits for the deletes a SIGTERM started (each delete is
+#: bounded by its own timeout; this only bounds the wait for all of them).
+_SIGTERM_CLEANUP_WAIT_S = 60.0
+
+_sigterm_installed = False
+_previous_sigterm: Any = None
+#: Set (from the signal handler, in the main thread) once a SIGTERM started the cleanup.
+_terminating = False
+_cleanup_thread: threading.Thread | None = None
+_cleanup_pid = 0
+
 
 def track(registry: InstanceRegistry) -> None:
     """Make interpreter exit and SIGTERM reach ``registry`` (and install the hooks)."""
@@ -144,8 +170,24 @@ def untrack(registry: InstanceRegistry) -> None:
         _registries.discard(registry)
 
 
+def terminating() -> bool:
+    """True once this process received SIGTERM (fleetenv creates no instance after it)."""
+    return _terminating and _cleanup_pid == os.getpid()
+
+
 def delete_everywhere() -> None:
-    """Delete the live instances of every tracked registry (the exit hook)."""
+    """Delete the live instances of every tracked registry (the exit hook).
+
+    If a SIGTERM already started this in the background, wait for it first (bounded),
+    then delete whatever is left (an instance created meanwhile, a delete that failed)."""
+    thread = _cleanup_thread
+    if (thread is not None and _cleanup_pid == os.getpid()
+            and thread is not threading.current_thread()):
+        thread.join(_SIGTERM_CLEANUP_WAIT_S)
+    _delete_all_registries()
+
+
+def _delete_all_registries() -> None:
     with _hooks_lock:
         registries = list(_registries)
     for registry in registries:
@@ -153,11 +195,10 @@ def delete_everywhere() -> None:
 
 
 def install_exit_hooks() -> None:
-    """Make interpreter exit and SIGTERM delete live instances (idempotent).
+    """Make interpreter exit delete live instances (idempotent).
 
-    Called lazily when the first instance is created, so importing fleetenv changes no
-    signal handler. SIGTERM is only taken over when nobody else handles it (the default
-    action would kill the process without running ``atexit``).
+    Called lazily when the first instance is created, from any thread. SIGTERM is
+    :func:`install_signal_handlers`' business (it needs the main thread).
     """
     global _hooks_installed
     with _hooks_lock:
@@ -167,13 +208,70 @@ def install_exit_hooks() -> None:
     from fleetenv.runtime.loop import add_shutdown_hook
 
     add_shutdown_hook(delete_everywhere)
-    if threading.current_thread() is threading.main_thread() and (
-        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    ):
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    install_signal_handlers()  # in case the first instance is made on the main thread
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    # SystemExit unwinds the main thread through every `finally` and then runs atexit,
-    # which is where live instances are deleted.
+def install_signal_handlers() -> None:
+    """Make SIGTERM delete every live instance, then do what it did before (idempotent).
+
+    Only the main thread can install a signal handler, so this is a no-op elsewhere;
+    fleetenv calls it from ``Session()``, ``default_session()``, ``Runner()`` and
+    ``FleetEnv()``. A SIGTERM that is ignored (``SIG_IGN``) or handled outside Python is
+    left alone. A Python handler installed before this one is called after fleetenv's
+    cleanup has started; the default action becomes ``SystemExit(143)`` (so ``finally``
+    blocks and ``atexit`` run, which the default action would skip).
+    """
+    global _sigterm_installed, _previous_sigterm
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is _on_sigterm:
+        _sigterm_installed = True
+        return
+    if previous is signal.SIG_IGN or previous is None:
+        _sigterm_installed = True  # the user chose to ignore it, or C code handles it
+        return
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main interpreter (subinterpreters): nothing to do
+        return
+    _previous_sigterm = previous
+    _sigterm_installed = True
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """The SIGTERM handler (runs in the main thread, between two bytecodes).
+
+    It takes no lock the interrupted code might hold: the deletes and the cancellation
+    run in a new thread, and this only starts it."""
+    _start_sigterm_cleanup()
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # SIG_DFL: end the process like the default would, but through SystemExit, which
+    # unwinds the main thread through every `finally` and then runs atexit.
     raise SystemExit(128 + signum)
+
+
+def _start_sigterm_cleanup() -> None:
+    global _terminating, _cleanup_thread, _cleanup_pid
+    pid = os.getpid()
+    if _terminating and _cleanup_pid == pid:
+        return  # a second SIGTERM: the cleanup is already running
+    _terminating, _cleanup_pid = True, pid
+    thread = threading.Thread(target=_sigterm_cleanup, name="fleetenv-sigterm-cleanup",
+                              daemon=True)
+    _cleanup_thread = thread
+    thread.start()
+
+
+def _sigterm_cleanup() -> None:
+    logger.warning("SIGTERM: deleting every live fleetenv instance")
+    try:
+        from fleetenv.runtime.loop import cancel_running
+
+        cancel_running()  # hung tool calls must not hold up the exit
+    except Exception as exc:
+        logger.warning("could not cancel fleetenv's work in flight: %s", exc)
+    _delete_all_registries()

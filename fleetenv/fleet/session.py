@@ -51,7 +51,7 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.retry import RetryPolicy
 from fleetenv.fleet.limits import Gate, KeyLimiter, key_limiter
 from fleetenv.fleet.manager import ManagerClient, ManagerPool
-from fleetenv.fleet.registry import InstanceRegistry, untrack
+from fleetenv.fleet.registry import InstanceRegistry, install_signal_handlers, untrack
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.client import FleetClient
@@ -115,6 +115,9 @@ class Session:
         self._lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()
+        # Here, not at the first create: that often runs in a worker thread, and only the
+        # main thread can install a signal handler.
+        install_signal_handlers()
 
     def __repr__(self) -> str:
         where = "local" if self.config.use_local else self.config.base_url
@@ -197,7 +200,10 @@ class Session:
             if config.api_key is None:  # FleetConfig's own validation rules this out
                 raise ConfigurationError("no API key", field="api_key")
             base_url, api_key = config.base_url, config.api_key.get_secret_value()
-        client = FleetClient(api_key, base_url, timeout_s=max(60.0, config.verifier_timeout_s),
+        # Creates, polls, deletes and verifications each run under their own overall
+        # deadline (verifier_timeout_s is the real bound of a verification, with no
+        # floor); timeout_s only bounds a request made outside any of them.
+        client = FleetClient(api_key, base_url, timeout_s=60.0,
                              connect_timeout_s=config.connect_timeout_s)
         limiter = key_limiter(base_url, api_key)
         provisioner = Provisioner(
@@ -223,7 +229,8 @@ class Session:
         self._check_usable()
         return ManagerClient(instance.manager_url, pool=self._manager_pool,
                              instance_id=instance.instance_id,
-                             timeout_s=self.config.tool_timeout_s)
+                             timeout_s=self.config.tool_timeout_s,
+                             connect_timeout_s=self.config.connect_timeout_s)
 
     def verifier_retry(self) -> RetryPolicy:
         """The retry policy of one verification (bounded by ``verifier_timeout_s``)."""
@@ -252,6 +259,7 @@ def default_session() -> Session:
     A closed default session, or one inherited through ``fork``, is replaced.
     """
     global _default
+    install_signal_handlers()
     with _default_lock:
         current = _default
         if current is None or current.closed or current._pid != os.getpid():

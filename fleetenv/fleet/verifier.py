@@ -14,8 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from fleetenv.core.errors import FleetEnvError, VerifierError, redact
-from fleetenv.core.retry import RetryPolicy
+from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, VerifierError, redact
+from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.core.vocabulary import GradeReason, GradeStatus
 from fleetenv.fleet.classify import provisioning_error
 
@@ -91,6 +91,7 @@ def verify(
     verifier_id: str | None = None,
     final_answer: str | None = None,
     retry: RetryPolicy | None = None,
+    timeout_s: float | None = None,
 ) -> Grade:
     """Run the verifier remotely (Fleet's ``/v1/verifiers/execute``) and grade.
 
@@ -101,10 +102,17 @@ def verify(
     A request that failed in transport or with a transient status (429, 5xx) is retried
     under ``retry``: a verifier only reads the instance's state, so running it again is
     safe. A verifier that ran and failed is not retried: it would fail the same way.
+
+    ``timeout_s`` (default: ``retry``'s budget) is an overall deadline on the whole
+    verification, retries included, enforced on every socket read of every request
+    (``fleetenv.fleet.deadlines``): a control plane that answers one byte at a time or
+    stalls mid-body ends in an unknown grade whose error is ``DeadlineExceeded``.
     """
     if not verifier_code:
         return Grade.unknown(GradeReason.NO_VERIFIER, "the task has no verifier code")
     from fleet.tasks import Task as FleetTask
+
+    from fleetenv.fleet.deadlines import deadline_scope
 
     started = time.monotonic()
     fleet_task = FleetTask(
@@ -119,10 +127,18 @@ def verify(
             # Typed as retryable or not; the original stays the cause for the message.
             raise provisioning_error(exc, task=task_key) from exc
 
+    policy = retry or RetryPolicy(max_attempts=1)
+    deadline = Deadline(timeout_s) if timeout_s is not None else policy.deadline()
     try:
-        response = (retry or RetryPolicy(max_attempts=1)).call(attempt)
+        with deadline_scope(deadline, what=f"verifying task {task_key}",
+                            hint="raise verifier_timeout_s, or check the verifier",
+                            task=task_key, instance=getattr(env, "instance_id", None)):
+            response = policy.call(attempt, deadline=deadline)
     except FleetEnvError as wrapped:
-        exc = wrapped.__cause__ if isinstance(wrapped.__cause__, Exception) else wrapped
+        exc: Exception = wrapped
+        if not isinstance(wrapped, DeadlineExceeded) and isinstance(wrapped.__cause__,
+                                                                    Exception):
+            exc = wrapped.__cause__
         seconds = time.monotonic() - started
         reason = (GradeReason.INSTANCE_GONE if _looks_gone(exc)
                   else GradeReason.VERIFIER_UNREACHABLE)

@@ -32,7 +32,14 @@ control plane then reports ``status: "stopped"`` and every instance URL answers
 ``410 Gone`` with a JSON ``detail`` (fast: fleet-python does not retry 410).
 Verifier code runs in a small pool of pre-warmed worker processes with a time limit
 (the request's ``timeout``, capped by ``verifier_timeout``); a verifier that hangs or
-kills its interpreter yields an error result and the server keeps serving.
+kills its interpreter yields an error result and the server keeps serving. Each run
+gets a forked process with a scrubbed environment (no API keys), resource limits (CPU,
+memory, file size, processes), a fresh temporary working directory, its own process
+group killed with it, and, when the server is root, the user ``nobody``. That is
+damage control on one machine, not a sandbox: see ``verifier_worker``.
+Read-only queries (``read_only: true``, and any query on ``seed``) are enforced by
+SQLite itself (an authorizer and ``PRAGMA query_only``): ATTACH, DETACH, VACUUM and
+every write are refused with a "read-only query" error.
 
 Fault injection
 ---------------
@@ -74,7 +81,7 @@ create_error       status (503), message           ``POST /v1/env/instances`` fa
                                                    failures, a 4xx = a permanent one
 create_failed      message                         the instance is created in status
                                                    ``"error"`` (a boot failure): permanent
-verifier_crash     instance key                    the verifier's worker process dies
+verifier_crash     instance key                    the verifier's process dies
                                                    mid-run; error result
 verifier_hang      instance key                    the verifier hangs until its time
                                                    limit; error result

@@ -72,6 +72,71 @@ def connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
     return sqlite3.connect(path, timeout=SQLITE_TIMEOUT_SECONDS, check_same_thread=False)
 
 
+class ReadOnlyGuard:
+    """Make a connection truly read-only, in SQLite itself rather than by reading the SQL.
+
+    ``mode=ro`` only protects the file it opened: ``VACUUM INTO 'x.db'`` and
+    ``ATTACH 'file:y.db?mode=rwc'`` still create (and fill) other files. So a read-only
+    connection also gets ``PRAGMA query_only = ON`` and an authorizer that allows only
+    reading actions (SELECT, reading columns, functions other than ``load_extension``,
+    transactions and savepoints, recursive CTEs, and pragmas that only report) and
+    denies everything else, ATTACH, DETACH and VACUUM (which attaches its target)
+    included. ``denied`` names the first refused action, for the error message.
+    """
+
+    _ALLOWED = frozenset({
+        sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+        sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT,
+        getattr(sqlite3, "SQLITE_RECURSIVE", 33),
+    })
+    # Pragmas that only report, even when given an argument (a table or index name).
+    _REPORTING_PRAGMAS = frozenset({
+        "table_info", "table_xinfo", "table_list", "index_list", "index_info",
+        "index_xinfo", "foreign_key_list", "foreign_key_check", "integrity_check",
+        "quick_check", "collation_list", "function_list", "module_list", "pragma_list",
+        "compile_options", "database_list",
+    })
+    _ACTIONS = (
+        "CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE",
+        "CREATE_TEMP_TRIGGER", "CREATE_TEMP_VIEW", "CREATE_TRIGGER", "CREATE_VIEW", "DELETE",
+        "DROP_INDEX", "DROP_TABLE", "DROP_TEMP_INDEX", "DROP_TEMP_TABLE", "DROP_TEMP_TRIGGER",
+        "DROP_TEMP_VIEW", "DROP_TRIGGER", "DROP_VIEW", "INSERT", "PRAGMA", "UPDATE",
+        "ATTACH", "DETACH", "ALTER_TABLE", "REINDEX", "ANALYZE", "CREATE_VTABLE",
+        "DROP_VTABLE",
+    )
+    _NAMES = {getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ")
+              for name in _ACTIONS if hasattr(sqlite3, f"SQLITE_{name}")}
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.denied: str | None = None
+        conn.execute("PRAGMA query_only = ON")  # before the authorizer, which refuses it
+        conn.set_authorizer(self._authorize)
+
+    def _authorize(self, action: int, arg1: str | None, arg2: str | None,
+                   _db: str | None, _trigger: str | None) -> int:
+        if action in self._ALLOWED:
+            if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() == "load_extension":
+                return self._deny("load_extension()")
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_PRAGMA and (
+            arg2 is None or (arg1 or "").lower() in self._REPORTING_PRAGMAS
+        ):
+            return sqlite3.SQLITE_OK
+        what = self._NAMES.get(action, f"action {action}")
+        if action == sqlite3.SQLITE_PRAGMA:
+            what = f"PRAGMA {arg1} = {arg2}"
+        elif action == sqlite3.SQLITE_ATTACH:
+            what = f"ATTACH {arg1!r} (VACUUM attaches its target too)"
+        elif arg1:
+            what = f"{what} {arg1}"
+        return self._deny(what)
+
+    def _deny(self, what: str) -> int:
+        if self.denied is None:
+            self.denied = what
+        return sqlite3.SQLITE_DENY
+
+
 class InstanceStopped(RuntimeError):
     pass
 
@@ -155,8 +220,11 @@ def describe(path: Path, resource: str) -> dict[str, Any]:
 
 def run_query(path: Path, query: str, args: list[Any] | None, *, read_only: bool) -> dict[str, Any]:
     """Run one statement the way the Fleet manager does; failures go in the body."""
+    guard: ReadOnlyGuard | None = None
     try:
         with closing(connect(path, read_only=read_only)) as conn:
+            if read_only:
+                guard = ReadOnlyGuard(conn)
             cursor = conn.execute(query, list(args or []))
             if cursor.description is not None:
                 columns = [d[0] for d in cursor.description]
@@ -170,9 +238,25 @@ def run_query(path: Path, query: str, args: list[Any] | None, *, read_only: bool
                     "rows_affected": cursor.rowcount, "last_insert_id": cursor.lastrowid,
                     "error": None, "message": "ok"}
     except sqlite3.Error as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        message = "query failed"
+        if read_only and (
+            (guard is not None and guard.denied is not None) or _is_readonly_error(exc)
+        ):
+            what = guard.denied if guard is not None and guard.denied else "a write"
+            error = (f"read-only query refused: {what} is not allowed on a read-only query "
+                     f"(a readonly connection; SQLite said: {exc}); writes need read_only=False "
+                     "on the 'current' resource (the 'seed' resource is never writable)")
+            message = "query failed: read-only"
         return {"success": False, "columns": None, "rows": None, "rows_affected": None,
-                "last_insert_id": None, "error": f"{type(exc).__name__}: {exc}",
-                "message": "query failed"}
+                "last_insert_id": None, "error": error, "message": message}
+
+
+def _is_readonly_error(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF == sqlite3.SQLITE_READONLY:
+        return True
+    return "readonly" in str(exc) or "read-only" in str(exc)
 
 
 def _jsonable(value: Any) -> Any:

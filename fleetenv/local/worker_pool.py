@@ -9,7 +9,10 @@ Workers are plain subprocesses (``python -m fleetenv.local.verifier_worker``), n
 ``multiprocessing`` children: spawn-mode multiprocessing re-imports the caller's
 ``__main__``, which would start a second local Fleet in scripts without a main guard.
 They run in their own session so a terminal Ctrl-C reaches only the server, which then
-stops them.
+stops them, and are killed as a process group. Their environment is an allow-list
+(``worker_environment``), never the server's: no API keys or tokens. Each job runs in
+a sandboxed process the worker forks and supervises (``verifier_worker``); the worker
+enforces the job's time limit, and the pool only catches a worker that stops answering.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -29,17 +33,39 @@ from typing import IO, Any
 logger = logging.getLogger("fleetenv.local")
 
 STARTUP_TIMEOUT_SECONDS = 60.0
+SUPERVISION_SLACK_SECONDS = 5.0
+TERMINATE_SECONDS = 2.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+_KEEP_ENV = frozenset({
+    "PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR", "SYSTEMROOT", "LD_LIBRARY_PATH",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONPLATLIBDIR", "PYTHONIOENCODING", "PYTHONUTF8",
+    "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "PYTHONNOUSERSITE", "PYTHONSAFEPATH",
+    "PYTHONHASHSEED",
+})
+
+
+def worker_environment(home: Path) -> dict[str, str]:
+    """The whole environment of a worker: what Python needs to run, and nothing else.
+
+    The server's environment holds API keys and tokens (``OPENAI_API_KEY``,
+    ``FLEET_API_KEY``, ...) that verifier code has no business reading, so this is an
+    allow-list, not a deny-list. ``HOME`` is a private directory of the pool (each job
+    then gets its own temporary ``HOME`` and working directory).
+    """
+    env = {k: v for k, v in os.environ.items() if k in _KEEP_ENV or k.startswith("LC_")}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
+    )
+    env["HOME"] = str(home)
+    env["RUNNER_AUTH_TOKEN"] = "local"  # skips fleet-python's runner-token fetch
+    return env
 
 
 class _Worker:
     def __init__(self, pool: WorkerPool) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
-        )
-        env["RUNNER_AUTH_TOKEN"] = "local"  # skips fleet-python's runner-token fetch
-        env.pop("FLEET_VERBOSE", None)
+        env = worker_environment(pool.home)
         self.pool = pool
         self.replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.proc = subprocess.Popen(
@@ -81,8 +107,19 @@ class _Worker:
         stdin.flush()
 
     def kill(self) -> None:
+        # SIGTERM first: the worker then kills the job it is running (a process group of
+        # its own) and the job's escaped descendants, which it alone knows, and exits.
+        # SIGKILL to the worker's own group if it does not.
         if self.alive:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=TERMINATE_SECONDS)
+            except subprocess.TimeoutExpired:
+                logger.warning("verifier worker %s ignored SIGTERM; killing it", self.proc.pid)
+        if self.alive:  # never signal a reaped pid: it may belong to someone else by now
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -105,6 +142,8 @@ class WorkerPool:
         self.size = max(1, size)
         self.log_path = log_path
         self.log_file = open(log_path, "ab")  # noqa: SIM115 - closed in close()
+        self.home = log_path.parent / "verifier-home"
+        self.home.mkdir(mode=0o700, exist_ok=True)
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._workers: set[_Worker] = set()
         self._lock = threading.Lock()
@@ -149,8 +188,10 @@ class WorkerPool:
                 break
         started = time.monotonic()
         try:
-            worker.send(job)
-            reply = worker.replies.get(timeout=timeout)
+            # The worker enforces ``timeout`` on the job itself (and cleans up after it);
+            # this wait only catches a worker that stopped answering.
+            worker.send({**job, "timeout": timeout})
+            reply = worker.replies.get(timeout=timeout + SUPERVISION_SLACK_SECONDS)
         except queue.Empty:
             worker.kill()
             return _failure(

@@ -140,6 +140,9 @@ def worker_session(settings: RolloutSettings) -> Session:
         session = _worker_sessions.get(key)
         if session is None or session.closed:
             session = _worker_sessions[key] = Session(settings.effective_config())
+            # The run's tag is shared with the other workers: sweeping it from here could
+            # delete their live instances. The runner sweeps it after the last rollout.
+            session.provisioner.sweeps_shared_tags = False
         return session
 
 

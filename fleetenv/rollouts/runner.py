@@ -77,6 +77,7 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import Modality, StopReason
 from fleetenv.fleet.provisioning import new_run_tag
+from fleetenv.fleet.registry import install_signal_handlers
 from fleetenv.fleet.session import Session
 from fleetenv.rollouts.jobs import (
     JobOutcome,
@@ -128,6 +129,7 @@ class Runner:
         if session is not None and config is not None:
             raise ConfigurationError("pass either session= or config=, not both",
                                      hint="the session already holds the settings")
+        install_signal_handlers()  # SIGTERM deletes instances that worker threads create
         self._owns_session = session is None
         self.session: Session = session if session is not None else Session(
             config, events=events)
@@ -418,7 +420,13 @@ class Runner:
         bound = self._longest_episode_s() if timeout_s is None else timeout_s
         if self._cancelled:  # what is left is unwinding; it has no real work to finish
             bound = min(bound, _CANCEL_GRACE_S)
-        _, not_done = concurrent.futures.wait(running, timeout=bound)
+        try:
+            _, not_done = concurrent.futures.wait(running, timeout=bound)
+        except BaseException:
+            # Ctrl-C or SIGTERM while waiting (the end of a `with Runner()` block): stop
+            # the rollouts now, or interpreter exit would wait for them in the executor.
+            self.cancel()  # closes the live envs and sweeps the run's tag
+            raise
         if not_done:
             logger.warning("%d rollout(s) still running after %.0f s; cancelling them",
                            len(not_done), bound)
@@ -430,6 +438,11 @@ class Runner:
             self._sweep()
         elif self._in_process and not not_done:
             self._sweep_uncertain_creates()
+        elif not not_done:
+            # Worker processes cannot sweep the run's shared tag themselves (a sibling's
+            # instances may be alive); now that every rollout is done, nothing under it
+            # is in use, and what is left is a leftover of an uncertain create.
+            self._sweep()
         if self._owns_executor:
             self._executor.shutdown(wait=not not_done, cancel_futures=True)
         if self._owns_session:

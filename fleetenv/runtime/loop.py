@@ -53,6 +53,7 @@ __all__ = [
     "add_shutdown_hook",
     "call",
     "call_async",
+    "cancel_running",
     "check_generation",
     "generation",
     "in_loop_thread",
@@ -512,6 +513,28 @@ async def _cancel_jobs(state: _Loop) -> None:
         job.cancel()
     if jobs:
         await asyncio.wait(jobs, timeout=_STOP_TIMEOUT_S / 2)
+
+
+def cancel_running() -> int:
+    """Cancel every job in flight on the loop (tool calls, session setup); callers waiting
+    on them get ``CancelledError``. Does not wait, never starts a loop, works from any
+    thread except the loop's own. Long-lived services (MCP session owners) are untouched.
+    Returns how many jobs were asked to stop. SIGTERM uses it so that hung calls do not
+    hold up the exit."""
+    state = _state
+    if state is None:
+        return 0
+    count = len(state.jobs)
+
+    def cancel_all() -> None:
+        for job in list(state.jobs):
+            job.cancel()
+
+    try:
+        state.aio.call_soon_threadsafe(cancel_all)
+    except RuntimeError:  # the loop is closed already: nothing runs on it
+        return 0
+    return count
 
 
 def _stop(state: _Loop) -> None:

@@ -1,0 +1,519 @@
+"""Overall deadlines for every non-MCP network call (control plane, manager API, verifier).
+
+A per-read timeout is not a deadline: a server that accepts the connection and answers
+one byte every 0.2 s (each byte well within the read timeout), or sends its headers and
+never finishes the body, holds a call with only per-read timeouts forever. So every call
+runs inside a :func:`deadline_scope` (one per operation: a create, a readiness poll, a
+delete with its retries, a manager ``reset``/``describe``/``query``, a verification with
+its retries); when its time is up the call ends with :class:`DeadlineExceeded` naming
+what was being done and where, whatever layer (fleet-python, ``requests``, our own retry
+loops) the socket was blocked under.
+
+The scope lives in a ``ContextVar``: the blocking clients run in the caller's thread, so
+the scope set around ``sdk.make(...)`` is visible to the socket reads of that call, and
+only of that call (other threads have their own context).
+
+Two mechanisms, one per HTTP stack, chosen for what each stack lets us hook:
+
+* **httpx (fleet-python)**: httpcore takes a pluggable *network backend* and passes an
+  explicit timeout to every ``read``/``write``/``connect``/``start_tls``. Our
+  :class:`DeadlineTransport` wraps that backend so each socket operation is capped by
+  the time left in the current scope, and raises ``DeadlineExceeded`` itself when the
+  cap is what ran out. No timer, no thread; the bound is exact; the connection that hit
+  the deadline is closed by httpcore (it was mid-response), and nothing else in the pool
+  is touched. Within a scope the per-read timeouts become "what is left", so a verifier
+  allowed 300 s is not cut at the client's default read timeout. A request made outside
+  any scope (``env.resources()``, a sweep's listing) gets an implicit scope of its own
+  read timeout, so *every* request through this transport has an overall bound. The
+  exception is not an ``httpx`` error on purpose: fleet-python converts those into
+  ``FleetTimeoutError``/``FleetAPIError`` and drops the detail; ours passes through.
+
+* **requests (manager API)**: ``http.client`` reads through a file object over the
+  socket, with no per-read hook. So a small shared watchdog thread (one per process,
+  started on first use) fires at the scope's deadline and ``shutdown(SHUT_RDWR)``s the
+  sockets of the connections *attached to that scope*: a blocked ``recv`` returns at
+  once, in the header phase as in the body. Connections attach when they send a request
+  (:class:`DeadlineAdapter`'s connection class) and detach when they go back to the pool
+  or close, under the scope's lock, so the watchdog can never shut down a connection
+  another request has taken from the pool. A fired scope always ends in
+  ``DeadlineExceeded``, even when the shut-down socket looked like a clean end of body.
+
+A scope's exit turns any exception raised after it fired into its ``DeadlineExceeded``
+(chained to it), so a wrapper in between (fleet-python, fleetenv's retry loop) cannot
+hide the typed error. Scopes nest; an inner one never outlives the outer one.
+
+Not covered: MCP (its own deadlines live in ``fleetenv.mcp``), HTTP proxies taken from
+the environment (httpx builds its own transports for those), and a TLS handshake on the
+``requests`` path (bounded per read by the connect timeout only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import heapq
+import itertools
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import httpcore
+import httpx
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+from fleetenv.core.errors import DeadlineExceeded, ProvisioningError
+from fleetenv.core.retry import Deadline
+
+__all__ = [
+    "DeadlineAdapter",
+    "DeadlineScope",
+    "DeadlineTransport",
+    "ProvisioningDeadlineExceeded",
+    "current_scope",
+    "deadline_scope",
+]
+
+
+class ProvisioningDeadlineExceeded(DeadlineExceeded, ProvisioningError):
+    """A create or readiness poll ran past its deadline. Also a ``ProvisioningError``,
+    so provisioning's own error handling passes it through unchanged."""
+
+
+_current: contextvars.ContextVar[DeadlineScope | None] = contextvars.ContextVar(
+    "fleetenv_deadline_scope", default=None)
+
+
+def current_scope() -> DeadlineScope | None:
+    """The deadline scope the calling thread is inside, if any."""
+    return _current.get()
+
+
+class DeadlineScope:
+    """One operation's deadline: when it ends, what it was, and the error to raise."""
+
+    def __init__(self, seconds: float, *, what: str, retryable: bool = False,
+                 error_cls: type[DeadlineExceeded] = DeadlineExceeded,
+                 hint: str | None = None, parent: DeadlineScope | None = None,
+                 **context: Any) -> None:
+        self.seconds = seconds
+        self.what = what
+        self.retryable = retryable
+        self.error_cls = error_cls
+        self.hint = hint
+        self.context = {k: v for k, v in context.items() if v is not None}
+        end = time.monotonic() + max(0.0, seconds)
+        self.end: float = min(end, parent.end) if parent is not None else end
+        self.endpoint: str | None = None
+        self.fired = False
+        self._error: DeadlineExceeded | None = None
+        self._lock = threading.Lock()
+        self._conns: set[Any] = set()
+        self._armed = False
+
+    def __repr__(self) -> str:
+        return f"DeadlineScope({self.what!r}, {self.remaining():.2f} s left)"
+
+    def remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def error(self) -> DeadlineExceeded:
+        """Mark the scope as fired and return its (one) ``DeadlineExceeded``."""
+        with self._lock:
+            self.fired = True
+            if self._error is None:
+                context = dict(self.context)
+                if self.endpoint and "endpoint" not in context:
+                    context["endpoint"] = self.endpoint
+                self._error = self.error_cls(
+                    f"{self.what} did not finish within its {self.seconds:g} s deadline",
+                    hint=self.hint or "the server accepted the request but did not answer "
+                    "in time; retry later or raise the timeout",
+                    retryable=self.retryable, **context)
+            return self._error
+
+    def cap(self, timeout: float | None) -> tuple[float, bool]:
+        """``timeout`` shortened to the time left, and whether the deadline is the
+        binding limit. Raises this scope's error when no time is left."""
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise self.error()
+        if timeout is None or left <= timeout:
+            return left, True
+        return timeout, False
+
+    # -- the requests path: connections attached to this scope, shut down on expiry
+
+    def attach(self, conn: Any) -> None:
+        previous = getattr(conn, "_fleetenv_scope", None)
+        if previous is not None and previous is not self:
+            previous.detach(conn)
+        with self._lock:
+            expired = self.fired = self.fired or self.end <= time.monotonic()
+            self._conns.add(conn)
+            conn._fleetenv_scope = self
+            arm = not self._armed
+            self._armed = True
+        if expired:
+            _shutdown(conn)
+        elif arm:
+            _watchdog().arm(self)
+
+    def detach(self, conn: Any) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+            if getattr(conn, "_fleetenv_scope", None) is self:
+                conn._fleetenv_scope = None
+
+    def expire(self) -> None:
+        """The watchdog's action: mark fired and shut down the attached sockets."""
+        with self._lock:
+            conns = list(self._conns)
+            self.fired = True
+            # Shut down under the lock: a detach (pool put-back, close) cannot run in
+            # between, so no socket that has left this scope is touched.
+            for conn in conns:
+                _shutdown(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._conns:
+                if getattr(conn, "_fleetenv_scope", None) is self:
+                    conn._fleetenv_scope = None
+            self._conns.clear()
+            armed, self._armed = self._armed, False
+        if armed:
+            _watchdog().disarm(self)
+
+
+def _shutdown(conn: Any) -> None:
+    sock = getattr(conn, "sock", None)
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def deadline_scope(budget: float | Deadline | None, *, what: str, retryable: bool = False,
+                   error_cls: type[DeadlineExceeded] = DeadlineExceeded,
+                   hint: str | None = None, **context: Any) -> Iterator[DeadlineScope | None]:
+    """Run the body with an overall deadline on every HTTP call it makes.
+
+    ``budget``: seconds, a shared :class:`~fleetenv.core.retry.Deadline` (its remaining
+    time), or ``None`` (no scope; the body runs as is). Raises ``error_cls`` (a
+    ``DeadlineExceeded``) naming ``what`` and ``context`` if the deadline passes while the
+    body waits on the network, even if something in between wrapped the error.
+    """
+    if isinstance(budget, Deadline):
+        seconds = budget.remaining()
+        total = budget.seconds if budget.seconds is not None else seconds
+    else:
+        seconds = total = budget
+    if seconds is None:
+        yield None
+        return
+    parent = _current.get()
+    scope = DeadlineScope(seconds, what=what, retryable=retryable, error_cls=error_cls,
+                          hint=hint, parent=parent, **context)
+    scope.seconds = total if total is not None else seconds
+    token = _current.set(scope)
+    try:
+        yield scope
+    except Exception as exc:
+        if scope.fired:
+            error = scope.error()
+            if exc is error:
+                raise
+            raise error from exc
+        raise
+    finally:
+        _current.reset(token)
+        scope.close()
+    if scope.fired:  # e.g. a shut-down socket that looked like a clean end of body
+        raise scope.error()
+
+
+@contextlib.contextmanager
+def _activated(scope: DeadlineScope | None) -> Iterator[None]:
+    token = _current.set(scope)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+# ---------------------------------------------------------------- httpx / httpcore
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A network stream whose every operation is capped by the current scope."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        scope = _current.get()
+        if scope is None:
+            return self._inner.read(max_bytes, timeout)
+        limit, binding = scope.cap(timeout)
+        try:
+            return self._inner.read(max_bytes, limit)
+        except httpcore.ReadTimeout:
+            if binding:
+                raise scope.error() from None
+            raise
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        scope = _current.get()
+        if scope is None:
+            self._inner.write(buffer, timeout)
+            return
+        limit, binding = scope.cap(timeout)
+        try:
+            self._inner.write(buffer, limit)
+        except httpcore.WriteTimeout:
+            if binding:
+                raise scope.error() from None
+            raise
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        scope = _current.get()
+        if scope is None:
+            return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname,
+                                                         timeout))
+        limit, binding = scope.cap(timeout)
+        try:
+            return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname,
+                                                         limit))
+        except httpcore.ConnectTimeout:
+            if binding:
+                raise scope.error() from None
+            raise
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        scope = _current.get()
+        limit, binding = (timeout, False) if scope is None else scope.cap(timeout)
+        try:
+            stream = self._inner.connect_tcp(host, port, limit, local_address,
+                                             socket_options)
+        except httpcore.ConnectTimeout:
+            if binding and scope is not None:
+                raise scope.error() from None
+            raise
+        return _DeadlineStream(stream)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None,
+                            ) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(path, timeout,
+                                                               socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class _ScopedByteStream(httpx.SyncByteStream):
+    """A response body read under the scope of the request that produced it."""
+
+    def __init__(self, inner: httpx.SyncByteStream, scope: DeadlineScope) -> None:
+        self._inner = inner
+        self._scope = scope
+
+    def __iter__(self) -> Iterator[bytes]:
+        chunks = iter(self._inner)
+        while True:
+            with _activated(self._scope):
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class DeadlineTransport(httpx.HTTPTransport):
+    """``httpx.HTTPTransport`` whose requests all have an overall deadline.
+
+    Inside a :func:`deadline_scope` the scope is the bound; outside, each request gets
+    one of its own read timeout (so ``timeout=60`` means 60 s for the whole request).
+    """
+
+    def __init__(self, *, verify: Any = True, limits: httpx.Limits | None = None) -> None:
+        limits = limits or httpx.Limits()
+        super().__init__(verify=verify, limits=limits)
+        ssl_context = (verify if isinstance(verify, ssl.SSLContext)
+                       else httpx.create_ssl_context(verify=verify))
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_DeadlineBackend(httpcore.SyncBackend()),
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts = dict(request.extensions.get("timeout") or {})
+        endpoint = f"{request.method} {request.url.copy_with(query=None)}"
+        scope = _current.get()
+        if scope is None:  # an implicit scope: the request's own read timeout, overall
+            budget = timeouts.get("read")
+            if budget is None:
+                return super().handle_request(request)
+            scope = DeadlineScope(float(budget), what=f"HTTP {endpoint}",
+                                  endpoint=endpoint)
+        else:
+            scope.endpoint = endpoint
+        left = scope.remaining()
+        for key in ("read", "write", "pool"):
+            timeouts[key] = left
+        connect = timeouts.get("connect")
+        timeouts["connect"] = left if connect is None else min(float(connect), left)
+        request.extensions = {**request.extensions, "timeout": timeouts}
+        with _activated(scope):
+            response = super().handle_request(request)
+        if isinstance(response.stream, httpx.SyncByteStream):
+            response.stream = _ScopedByteStream(response.stream, scope)
+        return response
+
+
+# ---------------------------------------------------------------- requests / urllib3
+
+
+class _Watchdog:
+    """One daemon thread that expires the scopes of blocking ``requests`` calls."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, DeadlineScope]] = []
+        self._live: set[int] = set()
+        self._ids = itertools.count()
+        self._scope_ids: dict[int, int] = {}
+        self._thread = threading.Thread(target=self._run, name="fleetenv-deadlines",
+                                        daemon=True)
+        self._thread.start()
+
+    def arm(self, scope: DeadlineScope) -> None:
+        with self._cond:
+            n = next(self._ids)
+            self._scope_ids[id(scope)] = n
+            self._live.add(n)
+            heapq.heappush(self._heap, (scope.end, n, scope))
+            self._cond.notify()
+
+    def disarm(self, scope: DeadlineScope) -> None:
+        with self._cond:
+            n = self._scope_ids.pop(id(scope), None)
+            if n is not None:
+                self._live.discard(n)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._heap and self._heap[0][1] not in self._live:
+                    heapq.heappop(self._heap)  # disarmed: forget it
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                end, n, scope = self._heap[0]
+                wait = end - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                self._live.discard(n)
+            scope.expire()
+
+
+_watchdog_lock = threading.Lock()
+_watchdog_instance: tuple[int, _Watchdog] | None = None
+
+
+def _watchdog() -> _Watchdog:
+    global _watchdog_instance
+    with _watchdog_lock:
+        if _watchdog_instance is None or _watchdog_instance[0] != os.getpid():
+            _watchdog_instance = (os.getpid(), _Watchdog())  # fresh after a fork
+        return _watchdog_instance[1]
+
+
+class _ScopedConnectionMixin:
+    """Attaches the connection to the calling thread's scope while it serves a request."""
+
+    def connect(self) -> None:
+        self._attach()
+        super().connect()  # type: ignore[misc]
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        self._attach()
+        super().request(*args, **kwargs)  # type: ignore[misc]
+
+    def close(self) -> None:
+        self._detach()
+        super().close()  # type: ignore[misc]
+
+    def _attach(self) -> None:
+        scope = _current.get()
+        if scope is not None:
+            scope.attach(self)
+        else:
+            self._detach()
+
+    def _detach(self) -> None:
+        scope: DeadlineScope | None = getattr(self, "_fleetenv_scope", None)
+        if scope is not None:
+            scope.detach(self)
+
+
+class _HTTPConnection(_ScopedConnectionMixin, HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_ScopedConnectionMixin, HTTPSConnection):
+    pass
+
+
+class _HTTPPool(HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+    def _put_conn(self, conn: Any) -> None:
+        if conn is not None:
+            conn._detach()  # back in the pool: no scope may touch it any more
+        super()._put_conn(conn)
+
+
+class _HTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+    def _put_conn(self, conn: Any) -> None:
+        if conn is not None:
+            conn._detach()
+        super()._put_conn(conn)
+
+
+class DeadlineAdapter(HTTPAdapter):
+    """A ``requests`` adapter whose connections the current deadline scope can cut."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
