@@ -81,6 +81,10 @@ create_error       status (503), message           ``POST /v1/env/instances`` fa
                                                    failures, a 4xx = a permanent one
 create_failed      message                         the instance is created in status
                                                    ``"error"`` (a boot failure): permanent
+create_reply       payload seconds                 the instance IS created, then the
+                                                   answer is held ``seconds``
+                                                   (``payload="delay"``) or is a 200 that
+                                                   is not JSON (``"malformed"``)
 verifier_crash     instance key                    the verifier's process dies
                                                    mid-run; error result
 verifier_hang      instance key                    the verifier hangs until its time

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
@@ -114,6 +115,13 @@ class ControlPlaneRoutes:
             gate_for=self.state.gate_for,
             fail_boot=(failed.message or "instance failed to boot (injected)") if failed else None,
         )
+        # The instance exists from here on, whatever the client makes of the answer.
+        reply = faults.take("create_reply")
+        if reply is not None and reply.payload == "malformed":
+            return Response(b"<html><body>502 Bad Gateway</body></html>", status_code=200,
+                            media_type="text/html")
+        if reply is not None and reply.seconds:
+            await anyio.sleep(reply.seconds)
         return JSONResponse(instance.response(self.base_url))
 
     async def list_instances(self, request: Request) -> Response:

@@ -29,6 +29,7 @@ KINDS: dict[str, frozenset[str]] = {
     "session_loss": frozenset({"instance", "route"}),
     "create_error": frozenset({"status", "message"}),
     "create_failed": frozenset({"message"}),
+    "create_reply": frozenset({"seconds", "payload"}),
     "verifier_crash": frozenset({"instance", "key"}),
     "verifier_hang": frozenset({"instance", "key"}),
 }
@@ -37,6 +38,9 @@ HTTP_KINDS = ("drop_connection", "http_hang", "http_delay", "http_error")
 #: bytes of text; ``binary`` is ``size`` bytes that are not UTF-8, as a blob resource plus
 #: the text a careless server would make of them.
 OUTPUT_PAYLOADS = ("huge", "binary")
+#: What a ``create_reply`` fault does to the answer of a create that *succeeded*:
+#: ``delay`` holds it ``seconds``; ``malformed`` answers 200 with a body that is not JSON.
+CREATE_REPLY_PAYLOADS = ("delay", "malformed")
 _SELECTORS = ("instance", "tool", "route", "method", "key")
 
 
@@ -124,6 +128,13 @@ class FaultRegistry:
             size = spec.setdefault("size", 1_000_000)
             if not isinstance(size, int) or not 0 < size <= 200_000_000:
                 raise FaultError(f"size must be 1..200_000_000 bytes, not {size!r}")
+        if kind == "create_reply":
+            if spec.get("payload") not in CREATE_REPLY_PAYLOADS:
+                raise FaultError(f"create_reply needs payload in {CREATE_REPLY_PAYLOADS}, "
+                                 f"got {spec.get('payload')!r}")
+            if spec["payload"] == "delay" and (
+                    not isinstance(seconds, (int, float)) or seconds < 0):
+                raise FaultError(f"create_reply delay needs seconds >= 0, got {seconds!r}")
         if kind in ("http_error", "create_error") and status is None:
             spec["status"] = 503
         fault = Fault(id=f"fault-{next(self._ids)}", kind=kind, times=times, **spec)
