@@ -229,3 +229,32 @@ def test_a_worker_session_never_sweeps_a_tag_its_siblings_still_use(
         worker.close()
         assert alive.instance_id in running(local_fleet)
         alive.close()
+
+
+def test_a_reset_after_a_failed_mcp_open_offers_the_tools_again(
+        local_fleet: LocalFleet, local_faults: Any) -> None:
+    # 0.1 kept the half-open router: the second reset() offered zero tools.
+    with session_on(local_fleet) as session, FleetEnv(TASK, session=session) as env:
+        fault = local_faults.add("http_error", route="/instances/*/mcp*", status=404)
+        with pytest.raises(FleetEnvError):
+            env.reset()
+        local_faults.clear(fault)
+        obs, info = env.reset()
+        assert obs.tools and info["tools"] == [t["function"]["name"] for t in obs.tools]
+
+
+def test_provisioning_failed_counts_the_creates_it_sent(local_fleet: LocalFleet,
+                                                        local_faults: Any) -> None:
+    from fleetenv.events import ProvisioningFailed
+
+    failed: list[ProvisioningFailed] = []
+    session = session_on(local_fleet, provision_budget_s=1.0, retry_base_s=0.2,
+                         retry_cap_s=0.2)
+    session.events.add_sink(lambda e: failed.append(e)
+                            if isinstance(e, ProvisioningFailed) else None)
+    with session:
+        local_faults.add("create_error", status=503)
+        with FleetEnv(TASK, session=session) as env, pytest.raises(TransientProvisioningError):
+            env.reset()
+    (event,) = failed
+    assert event.attempts >= 2  # 0.1 always said 0

@@ -482,7 +482,8 @@ class FleetEnv:
         """Grade once (cached), then report the completion once."""
         state = self._state
         outcome: tuple[Grade, bool] = yield Blocking(
-            grade_once, (self.session, self.task, self._lease.instance, state))
+            grade_once, (self.session, self.task, self._lease.instance, state,
+                         self._lease.is_gone))
         grade, computed = outcome
         if computed and not grade.graded and grade.reason is not GradeReason.NO_VERIFIER:
             self._emit(VerifierFailed, error_type=str(grade.reason or "unknown"),

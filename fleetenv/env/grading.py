@@ -9,6 +9,7 @@ and every later look returns the same grade.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fleetenv.core.tasks import Task
@@ -22,13 +23,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["grade_once"]
 
+#: Unknown grades that an instance which stopped under the episode explains.
+_MAYBE_GONE = frozenset({GradeReason.VERIFIER_ERROR, GradeReason.VERIFIER_UNREACHABLE})
+
 
 def grade_once(session: Session, task: Task, instance: Instance | None,
-               state: EpisodeState) -> tuple[Grade, bool]:
+               state: EpisodeState,
+               instance_gone: Callable[[], bool] | None = None) -> tuple[Grade, bool]:
     """Blocking: the episode's grade, running the verifier unless it already ran.
 
     Returns the grade and whether this call computed it (so the caller reports a
-    verifier failure once).
+    verifier failure once). When the verifier could not grade and ``instance_gone()``
+    says the instance stopped (expired, deleted), the reason is ``instance_gone``: the
+    verifier failed because there was nothing left to check, not because it is broken.
     """
     from fleetenv.fleet.verifier import Grade, verify
 
@@ -46,6 +53,12 @@ def grade_once(session: Session, task: Task, instance: Instance | None,
                 verifier_code=task.verifier, verifier_id=task.verifier_id,
                 final_answer=state.final_answer, retry=session.verifier_retry(),
             )
+            if (grade.reason in _MAYBE_GONE and instance_gone is not None
+                    and instance_gone()):
+                grade = Grade.unknown(GradeReason.INSTANCE_GONE,
+                                      f"the instance stopped before grading ({grade.error})",
+                                      stdout=grade.stdout, execution_id=grade.execution_id,
+                                      seconds=grade.seconds)
         state.timings["verify_s"] = time.monotonic() - started
         state.grade = grade
         return grade, True

@@ -74,8 +74,13 @@ class InstanceLease:
             run_tag=self.run_tag,
         )
 
+        attempts = 0  # creates actually sent (0: it failed waiting for a slot)
+
         def listener(kind: str, details: dict[str, Any]) -> None:
-            if kind == "retry":
+            nonlocal attempts
+            if kind == "attempt":
+                attempts = details["attempt"]
+            elif kind == "retry":
                 self._emit(ProvisioningRetry, attempt=details["attempt"],
                            delay_s=details["delay_s"], error_type=details["error_type"],
                            error=details["error"])
@@ -83,7 +88,7 @@ class InstanceLease:
         try:
             instance = self.session.provisioner.provision(request, listener=listener)
         except Exception as exc:
-            self._emit(ProvisioningFailed, attempts=0, error_type=type(exc).__name__,
+            self._emit(ProvisioningFailed, attempts=attempts, error_type=type(exc).__name__,
                        error=str(exc))
             raise
         with self._lock:

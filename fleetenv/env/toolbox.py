@@ -9,6 +9,7 @@ decides what a failure means for the episode.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 from typing import TYPE_CHECKING, Any
@@ -69,8 +70,18 @@ class Toolbox:
             call_timeout_s=self.config.tool_timeout_s,
         )
         self.router = router  # before opening: close must find it if we are cancelled
-        yield OnLoop(router.aopen, timeout=watchdog(self.config.connect_timeout_s * 3))
-        self._offer(router.tools, instance_id)
+        try:
+            yield OnLoop(router.aopen, timeout=watchdog(self.config.connect_timeout_s * 3))
+            self._offer(router.tools, instance_id)
+        except Exception:
+            # Nothing of a failed open may stay cached: the next reset() opens afresh
+            # (0.1 kept the router and a second reset() offered zero tools).
+            self.router, self.tools, self.openai_tools = None, [], []
+            # The open already failed: that error is the one to report, not the close's.
+            with contextlib.suppress(FleetEnvError):
+                yield OnLoop(router.aclose,
+                             timeout=watchdog(self.config.connect_timeout_s))
+            raise
 
     def _offer(self, tools: list[Tool], instance_id: str | None) -> None:
         """Keep the tools this task's modality acts through; fail if there are none."""

@@ -89,7 +89,8 @@ class Instance:
 
 
 ProvisionListener = Callable[[str, dict[str, Any]], None]
-"""Receives ("retry", {...}) notes; the env turns them into events."""
+"""Receives ("attempt", {...}) as each create is sent and ("retry", {...}) before each
+pause; the env turns them into events."""
 
 
 class Provisioner:
@@ -173,6 +174,8 @@ class Provisioner:
             nonlocal attempts
             attempts += 1
             self.key_limit.wait(deadline, **context)
+            if listener:
+                listener("attempt", {"attempt": attempts})
             try:
                 return self._create_once(request, deadline, attempts)
             except ProvisioningError:
