@@ -238,6 +238,29 @@ def test_permanent_creation_failures_are_not_retried(local_fleet: LocalFleet,
     assert remaining and remaining[0].get("times") == 4  # exactly one attempt was made
 
 
+@pytest.mark.parametrize(("status", "retryable", "retried"), [
+    (400, True, True),    # a 4xx whose body says "retryable": a blip (0.1: permanent)
+    (503, False, False),  # a 5xx whose body says "not retryable": do not burn the budget
+])
+def test_fleets_retryable_flag_beats_the_status_code(local_fleet: LocalFleet,
+                                                     local_faults: Any, status: int,
+                                                     retryable: bool, retried: bool) -> None:
+    local_faults.add("create_error", status=status, retryable=retryable,
+                     message="Health check failed", times=1)
+    kinds: list[str] = []
+    bus = EventBus(sinks=[lambda e: kinds.append(e.kind)])
+    config = fleetenv.resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url,
+                                     retry_base_s=0.05, retry_cap_s=0.1)
+    with FleetEnv(TASKS[0], config=config, events=bus) as env:
+        if retried:
+            env.reset()
+            assert kinds.count("provisioning_retry") == 1 and env.instance_id
+        else:
+            with pytest.raises(PermanentProvisioningError, match="says not to retry"):
+                env.reset()
+            assert "provisioning_retry" not in kinds
+
+
 def test_unknown_environment_is_permanent(local_fleet: LocalFleet) -> None:
     task = TASKS[0].replace(key="nowhere", env_key="no-such-env", env_version=None)
     with make_env(local_fleet, task) as env, pytest.raises(PermanentProvisioningError):

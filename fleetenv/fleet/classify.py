@@ -53,6 +53,16 @@ def provisioning_error(exc: Exception, **context: Any) -> ProvisioningError:
         )
     if isinstance(exc, fx.FleetTimeoutError):
         return TransientProvisioningError(f"Fleet timed out: {detail}", **context)
+    says = _body_says_retryable(exc)
+    if says is True:  # Fleet's own verdict beats the status code (some 4xx are blips)
+        status = getattr(exc, "status_code", None)
+        return TransientProvisioningError(
+            f"Fleet answered {status} and says the request may be retried: {detail}",
+            **context)
+    if says is False and isinstance(exc, fx.FleetAPIError):
+        return PermanentProvisioningError(
+            f"Fleet refused the request and says not to retry ({exc.status_code}): {detail}",
+            hint="check the task's environment, version and data keys", **context)
     if isinstance(exc, fx.FleetAPIError):
         status = exc.status_code
         if status is None or status in TRANSIENT_STATUSES:
@@ -74,6 +84,25 @@ def provisioning_error(exc: Exception, **context: Any) -> ProvisioningError:
         hint="run with --debug / DEBUG logging for the traceback and report it",
         **context,
     )
+
+
+def _body_says_retryable(exc: BaseException) -> bool | None:
+    """The ``retryable`` flag of Fleet's structured error body, if it has one.
+
+    Read from the parsed body fleet-python keeps (``response_data``), never from the
+    message text: ``{"retryable": true}`` or ``{"detail": {"retryable": true, ...}}``.
+    """
+    data = getattr(exc, "response_data", None) or _last_body()
+    for holder in (data, data.get("detail") if isinstance(data, dict) else None):
+        if isinstance(holder, dict) and isinstance(holder.get("retryable"), bool):
+            return bool(holder["retryable"])
+    return None
+
+
+def _last_body() -> Any:
+    from fleetenv.fleet.client import last_error_body
+
+    return last_error_body()
 
 
 def is_rate_limit(exc: BaseException) -> bool:

@@ -18,14 +18,16 @@ client of the process shares one context (it is immutable configuration, not sta
 
 from __future__ import annotations
 
+import contextvars
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import httpx
 
 if TYPE_CHECKING:  # pragma: no cover
     import ssl
 
     import fleet
-    import httpx
 
 _ssl_lock = threading.Lock()
 _ssl_context: ssl.SSLContext | None = None
@@ -39,6 +41,33 @@ def _shared_ssl_context() -> ssl.SSLContext:
 
             _ssl_context = httpx.create_ssl_context()
         return _ssl_context
+
+
+#: The JSON body of the last error answer the calling thread's Fleet request got (reset
+#: when the next request starts). fleet-python turns some answers (a 400, a 403) into
+#: exceptions that keep only the message; Fleet's structured ``retryable`` flag in the
+#: body is what decides whether to retry, so it is kept here for the classifier.
+_last_error_body: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "fleetenv_last_fleet_error_body", default=None)
+
+
+def last_error_body() -> Any:
+    """The parsed body of the calling thread's last Fleet error answer, if any."""
+    return _last_error_body.get()
+
+
+def _forget_error_body(request: httpx.Request) -> None:
+    _last_error_body.set(None)
+
+
+def _remember_error_body(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    response.read()  # error bodies are small; fleet-python reads it right after anyway
+    try:
+        _last_error_body.set(response.json())
+    except ValueError:
+        _last_error_body.set(None)
 
 
 class FleetClient:
@@ -58,6 +87,8 @@ class FleetClient:
             transport=DeadlineTransport(
                 verify=_shared_ssl_context(),
                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)),
+            event_hooks={"request": [_forget_error_body],
+                         "response": [_remember_error_body]},
         )
         self.sdk: fleet.Fleet = fleet.Fleet(
             api_key=api_key, base_url=self.base_url, httpx_client=self._http, max_retries=0,

@@ -76,9 +76,12 @@ tool_output        instance tool; payload, size    run the tool, then append to 
 session_loss       instance route                  the next MCP request on an existing
                                                    session finds it forgotten: 404
                                                    "Session not found"
-create_error       status (503), message           ``POST /v1/env/instances`` fails with
-                                                   ``status``; ``times=N`` = N transient
-                                                   failures, a 4xx = a permanent one
+create_error       status (503), message,          ``POST /v1/env/instances`` fails with
+                   retryable                       ``status``; ``times=N`` = N transient
+                                                   failures, a 4xx = a permanent one;
+                                                   ``retryable`` sends Fleet's structured
+                                                   body ``{"detail": {"message",
+                                                   "retryable"}}``, which overrides that
 create_failed      message                         the instance is created in status
                                                    ``"error"`` (a boot failure): permanent
 create_reply       payload seconds                 the instance IS created, then the

@@ -106,6 +106,10 @@ class ControlPlaneRoutes:
                 "Rate limit exceeded; retry later" if status == 429
                 else f"Instance creation failed (injected {status} by local Fleet {fault.id})"
             )
+            if fault.retryable is not None:  # Fleet's structured error body
+                return detail(status, {"error": "create_failed", "message": message,
+                                       "retryable": fault.retryable},
+                              headers={"Retry-After": "1"})
             return detail(status, message, headers={"Retry-After": "1"})
         failed = faults.take("create_failed")
         instance = await self.state.store.create(

@@ -27,7 +27,7 @@ KINDS: dict[str, frozenset[str]] = {
     "tool_error": frozenset({"instance", "tool", "message"}),
     "tool_output": frozenset({"instance", "tool", "payload", "size"}),
     "session_loss": frozenset({"instance", "route"}),
-    "create_error": frozenset({"status", "message"}),
+    "create_error": frozenset({"status", "message", "retryable"}),
     "create_failed": frozenset({"message"}),
     "create_reply": frozenset({"seconds", "payload"}),
     "verifier_crash": frozenset({"instance", "key"}),
@@ -59,6 +59,9 @@ class Fault:
     message: str | None = None
     payload: str | None = None
     size: int | None = None
+    #: ``create_error`` only: answer Fleet's structured ``{"detail": {"message": ...,
+    #: "retryable": ...}}`` body, which overrides what the status alone would say.
+    retryable: bool | None = None
     hits: int = 0
     released: anyio.Event = field(default_factory=anyio.Event, repr=False)
 
@@ -84,7 +87,7 @@ class Fault:
         out = {
             name: getattr(self, name)
             for name in ("id", "kind", "times", *_SELECTORS, "seconds", "status", "message",
-                         "payload", "size")
+                         "payload", "size", "retryable")
         }
         out["hits"] = self.hits
         return {k: v for k, v in out.items() if v is not None}
@@ -135,6 +138,8 @@ class FaultRegistry:
             if spec["payload"] == "delay" and (
                     not isinstance(seconds, (int, float)) or seconds < 0):
                 raise FaultError(f"create_reply delay needs seconds >= 0, got {seconds!r}")
+        if "retryable" in spec and not isinstance(spec["retryable"], bool):
+            raise FaultError(f"retryable must be true or false, not {spec['retryable']!r}")
         if kind in ("http_error", "create_error") and status is None:
             spec["status"] = 503
         fault = Fault(id=f"fault-{next(self._ids)}", kind=kind, times=times, **spec)

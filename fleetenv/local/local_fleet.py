@@ -59,6 +59,7 @@ class Faults:
         message: str | None = None,
         payload: str | None = None,
         size: int | None = None,
+        retryable: bool | None = None,
         times: int | None = None,
     ) -> str:
         """Register a fault; returns its id (for ``clear``). ``times=None``: until cleared."""
@@ -66,7 +67,7 @@ class Faults:
         for name, value in (("instance", instance), ("tool", tool), ("route", route),
                             ("method", method), ("key", key), ("seconds", seconds),
                             ("status", status), ("message", message), ("payload", payload),
-                            ("size", size), ("times", times)):
+                            ("size", size), ("retryable", retryable), ("times", times)):
             if value is not None:
                 spec[name] = value
         return str(self._fleet._admin("POST", "/_local/faults", spec)["id"])
