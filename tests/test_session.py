@@ -258,3 +258,18 @@ def test_provisioning_failed_counts_the_creates_it_sent(local_fleet: LocalFleet,
             env.reset()
     (event,) = failed
     assert event.attempts >= 2  # 0.1 always said 0
+
+
+def test_tools_keep_the_title_and_hints_their_server_declares(local_fleet: LocalFleet) -> None:
+    # 0.1 dropped title and annotations: a trainer could not tell a reader from a writer.
+    with session_on(local_fleet) as session, FleetEnv(TASK, session=session) as env:
+        env.reset()
+        tools = {t.name: t for t in env.tools}
+    reader, writer = tools["get_ticket"], tools["update_ticket"]
+    assert reader.title == "Get ticket"
+    assert reader.hints.read_only is True and reader.hints.open_world is False
+    assert writer.hints.read_only is False and writer.hints.destructive is False
+    assert writer.hints.idempotent is None  # not declared: unknown, not False
+    assert reader.to_dict()["annotations"] == {"readOnlyHint": True, "openWorldHint": False}
+    safe = [t.name for t in env.tools if t.hints.read_only]
+    assert "update_ticket" not in safe and "search_tickets" in safe

@@ -17,7 +17,7 @@ from fleetenv.mcp.results import (
 )
 from fleetenv.mcp.router import MODALITIES, Endpoint, ToolRouter, endpoints_for
 from fleetenv.mcp.schema import to_openai_parameters
-from fleetenv.mcp.tools import Tool
+from fleetenv.mcp.tools import Tool, ToolHints
 
 __all__ = [
     "CALL_ID_META_KEY",
@@ -32,6 +32,7 @@ __all__ = [
     "ResourceLinkBlock",
     "TextBlock",
     "Tool",
+    "ToolHints",
     "ToolResult",
     "ToolRouter",
     "endpoints_for",

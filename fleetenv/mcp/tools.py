@@ -7,15 +7,47 @@ from typing import Any
 
 from fleetenv.mcp.schema import to_openai_parameters
 
-__all__ = ["Tool"]
+__all__ = ["Tool", "ToolHints"]
+
+
+@dataclass(frozen=True)
+class ToolHints:
+    """What the server says a tool does (MCP ``ToolAnnotations``), ``None`` when unsaid.
+
+    Hints, not guarantees: a trainer may leave destructive tools out of an exploration
+    run, or a caller may decide a call is safe to repeat, but fleetenv itself never
+    replays a call on a hint's word.
+    """
+
+    read_only: bool | None = None
+    destructive: bool | None = None
+    idempotent: bool | None = None
+    open_world: bool | None = None
+
+    @classmethod
+    def from_mcp(cls, annotations: Any) -> ToolHints:
+        if annotations is None:
+            return cls()
+        return cls(read_only=annotations.read_only_hint,
+                   destructive=annotations.destructive_hint,
+                   idempotent=annotations.idempotent_hint,
+                   open_world=annotations.open_world_hint)
+
+    def to_dict(self) -> dict[str, bool]:
+        """The hints the server gave, under MCP's own names (``readOnlyHint``, ...)."""
+        names = {"read_only": "readOnlyHint", "destructive": "destructiveHint",
+                 "idempotent": "idempotentHint", "open_world": "openWorldHint"}
+        return {names[k]: v for k, v in vars(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
 class Tool:
-    """A tool and the endpoint that serves it.
+    """A tool and the endpoint that serves it, with what its server says about it.
 
     ``input_schema`` and ``output_schema`` are the raw JSON schemas from the server (kept
     for validation and for callers that need them verbatim); `openai` converts.
+    ``title``, ``hints`` (the MCP annotations) and ``meta`` (the tool's ``_meta``) are
+    kept as listed; the model sees none of them unless a caller puts them in.
     """
 
     name: str
@@ -23,16 +55,25 @@ class Tool:
     input_schema: dict[str, Any] = field(default_factory=dict)
     output_schema: dict[str, Any] | None = None
     endpoint: str = ""
+    title: str | None = None
+    hints: ToolHints = field(default_factory=ToolHints)
+    meta: dict[str, Any] | None = None
 
     @classmethod
     def from_mcp(cls, tool: Any, endpoint: str) -> Tool:
         """Build from an ``mcp.types.Tool`` listed by ``endpoint``."""
+        annotations = getattr(tool, "annotations", None)
+        title = getattr(tool, "title", None) or getattr(annotations, "title", None)
+        meta = getattr(tool, "meta", None)
         return cls(
             name=tool.name,
             description=tool.description or "",
             input_schema=dict(tool.input_schema or {}),
             output_schema=dict(tool.output_schema) if tool.output_schema else None,
             endpoint=endpoint,
+            title=title,
+            hints=ToolHints.from_mcp(annotations),
+            meta=dict(meta) if meta else None,
         )
 
     def openai(self) -> dict[str, Any]:
@@ -59,4 +100,11 @@ class Tool:
         }
         if self.output_schema is not None:
             out["output_schema"] = self.output_schema
+        if self.title is not None:
+            out["title"] = self.title
+        hints = self.hints.to_dict()
+        if hints:
+            out["annotations"] = hints
+        if self.meta:
+            out["_meta"] = self.meta
         return out

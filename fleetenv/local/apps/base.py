@@ -75,11 +75,28 @@ def lazy_computer(app_name: str, screen: str) -> Callable[[MCPServer, DbFactory]
     return register_computer
 
 
-def add_tools(server: MCPServer, tools: Iterable[Callable[..., Any]]) -> None:
+def add_tools(server: MCPServer, tools: Iterable[Callable[..., Any]], *,
+              read_only: Iterable[str] = ()) -> None:
     """Register tool functions under their own names, each described by its docstring.
 
     Tools are nested functions, so their docstrings carry the enclosing indentation;
-    ``inspect.cleandoc`` strips it so the model sees clean text.
+    ``inspect.cleandoc`` strips it so the model sees clean text. Each tool also gets a
+    title and MCP annotations, as real servers declare them: the tools named in
+    ``read_only`` only read (``readOnlyHint``); the others change state without deleting
+    anything (``destructiveHint: false``). None reaches outside the app
+    (``openWorldHint: false``).
     """
+    from mcp.types import ToolAnnotations
+
+    readers = set(read_only)
     for tool in tools:
-        server.add_tool(tool, description=inspect.cleandoc(tool.__doc__ or ""))
+        name = tool.__name__
+        title = name.replace("_", " ").capitalize()
+        if name in readers:
+            annotations = ToolAnnotations(title=title, read_only_hint=True,
+                                          open_world_hint=False)
+        else:
+            annotations = ToolAnnotations(title=title, read_only_hint=False,
+                                          destructive_hint=False, open_world_hint=False)
+        server.add_tool(tool, title=title, description=inspect.cleandoc(tool.__doc__ or ""),
+                        annotations=annotations)

@@ -511,4 +511,6 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
             set_tags,
             ticket_stats,
         ),
+        read_only=("search_tickets", "get_ticket", "find_customers", "list_agents",
+                   "ticket_stats"),
     )

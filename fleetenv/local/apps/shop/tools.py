@@ -591,4 +591,6 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
             adjust_inventory,
             create_coupon,
         ),
+        read_only=("search_products", "get_product", "find_customers", "list_orders",
+                   "get_order"),
     )
