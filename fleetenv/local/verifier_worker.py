@@ -15,7 +15,7 @@ start-up and then, for each job (one JSON line in on stdin, one JSON line out), 
 * when the worker runs as root, the user ``nobody`` (no supplementary groups), so
   ``RLIMIT_NPROC`` holds and root-only files stay closed; the interpreter's own
   directories are reached through descriptors opened before the drop (see
-  ``_Identity``) in case they sit in a private directory such as ``/root/.pyenv``;
+  ``_Identity``) in case they sit in a private directory (a pyenv under root's home);
 * a fresh temporary directory as working directory, ``HOME`` and ``TMPDIR``, removed
   after the job; stdin is ``/dev/null``.
 
