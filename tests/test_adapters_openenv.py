@@ -91,3 +91,17 @@ def test_from_json_file_picks_a_task(local_fleet: LocalFleet, tmp_path: Path) ->
                                     base_url=local_fleet.base_url)
     env.close()  # never reset: nothing to delete, nothing to grade
     assert env.final_reward is None
+
+
+def test_drop_in_resets_per_episode_state_and_exposes_the_task(local_fleet: LocalFleet) -> None:
+    raw = next(t for t in RAW_TASKS if t["task_modality"] == "tool_use")
+    with FleetTaskEnv(raw, api_key=local_fleet.token, base_url=local_fleet.base_url) as env:
+        assert (env.task_key, env.prompt, env.modality) == (
+            raw["key"], raw["prompt"], "tool_use")
+        assert env.env_key == raw["env_id"] and env.env_version == raw["version"]
+        env.reset(seed=None)
+        _, reward, done, _ = env.step({"tool": None, "params": {}, "done": True})
+        assert done and env.final_reward == reward
+        env.reset()  # a new episode: the last one's reward must not linger (0.1 kept it)
+        assert env.final_reward is None and not env._done
+    assert env.instance_id is None  # leaving the block closed it

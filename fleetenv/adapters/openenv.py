@@ -96,6 +96,27 @@ class FleetTaskEnv:
     def instance_id(self) -> str | None:
         return self._env.instance_id
 
+    # The task, as the original exposed it.
+    @property
+    def task_key(self) -> str:
+        return self._env.task.key
+
+    @property
+    def prompt(self) -> str:
+        return self._env.task.prompt
+
+    @property
+    def modality(self) -> str:
+        return str(self._env.task.modality)
+
+    @property
+    def env_key(self) -> str:
+        return self._env.task.env_key
+
+    @property
+    def env_version(self) -> str | None:
+        return self._env.task.env_version
+
     @property
     def root_url(self) -> str | None:
         return self._env.root_url
@@ -127,12 +148,15 @@ class FleetTaskEnv:
 
     # ------------------------------------------------------------------ episode
 
-    def reset(self) -> dict[str, Any]:
-        observation, _ = self._env.reset()
+    def reset(self, seed: int | None = None) -> dict[str, Any]:
+        """Start an episode; the previous episode's ``final_reward`` is cleared first."""
+        self.final_reward = None
+        observation, _ = self._env.reset(seed=seed)
         return self._reset_obs(observation)
 
-    async def reset_async(self) -> dict[str, Any]:
-        observation, _ = await self._env.reset_async()
+    async def reset_async(self, seed: int | None = None) -> dict[str, Any]:
+        self.final_reward = None
+        observation, _ = await self._env.reset_async(seed=seed)
         return self._reset_obs(observation)
 
     def step(self, action: Mapping[str, Any]) -> tuple[dict[str, Any], float | None, bool,
@@ -151,6 +175,18 @@ class FleetTaskEnv:
     async def close_async(self) -> None:
         await self._env.close_async()
         self.final_reward = self._env.reward
+
+    def __enter__(self) -> FleetTaskEnv:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> FleetTaskEnv:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close_async()
 
     # ------------------------------------------------------------------ rendering
 
