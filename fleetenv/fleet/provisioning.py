@@ -358,11 +358,6 @@ class Provisioner:
         with self._unsure_lock:
             self._unsure_tags.add(run_tag)
 
-    def failed_deletes(self) -> list[str]:
-        """Instances whose delete failed and that no sweep has deleted since."""
-        with self._unsure_lock:
-            return list(self._failed_deletes)
-
     def sweep_tag(self, run_tag: str, *, dry_run: bool = False) -> list[str]:
         """Delete every running instance tagged ``run_tag`` (a runner's cleanup after a
         cancelled run: it also reaches instances created by worker processes; and
@@ -416,17 +411,11 @@ class Provisioner:
                        if run_tag is None or (i.run_tag or self.run_tag) == run_tag]
         deleted: list[str] = []
         for instance in pending:
-            try:
-                self.client.sdk.delete(instance.instance_id)
-            except Exception as exc:
-                if not _already_gone(exc):
-                    logger.warning(
-                        "could not delete instance %s (%s) again: %s; run `fleetenv sweep "
-                        "--tag %s`, or its TTL reaps it", instance.instance_id,
-                        instance.env_key, exc, instance.run_tag or self.run_tag)
-                    continue
-            self._forget(instance)
-            deleted.append(instance.instance_id)
+            tag = instance.run_tag or self.run_tag
+            if self._delete_once(instance.instance_id, f"; run `fleetenv sweep --tag {tag}`, "
+                                 "or its TTL reaps it"):
+                self._forget(instance)
+                deleted.append(instance.instance_id)
         return deleted
 
     def _delete_tagged(self, run_tag: str, *, skip: set[str]) -> list[str]:
@@ -434,15 +423,22 @@ class Provisioner:
         for env in self.client.sdk.instances(status="running", run_id=run_tag):
             if env.instance_id in skip:
                 continue  # owned by a running episode, which will delete it
-            try:
-                self.client.sdk.delete(env.instance_id)
-            except Exception as exc:
-                if not _already_gone(exc):
-                    logger.warning("sweep could not delete %s: %s", env.instance_id, exc)
-                    continue
-            self.registry.discard(env.instance_id)
-            deleted.append(env.instance_id)
+            if self._delete_once(env.instance_id, ""):
+                self.registry.discard(env.instance_id)
+                deleted.append(env.instance_id)
         return deleted
+
+    def _delete_once(self, instance_id: str, advice: str) -> bool:
+        """One delete, for a sweep: True when the instance is gone (deleted now, or
+        already), False after logging why not (``advice`` ends the warning)."""
+        try:
+            self.client.sdk.delete(instance_id)
+        except Exception as exc:
+            if not _already_gone(exc):
+                logger.warning("sweep could not delete instance %s: %s%s", instance_id, exc,
+                               advice)
+                return False
+        return True
 
 
 def _never_sent(exc: BaseException) -> bool:
