@@ -126,6 +126,25 @@ def test_one_action_may_hold_several_calls(local_fleet: LocalFleet) -> None:
         assert json.loads(obs["messages"])[0]["tool_call_id"] == "z"
 
 
+def test_model_text_is_one_turn_with_replayable_ids(local_fleet: LocalFleet) -> None:
+    # What a trainer samples from an open model: Hermes/Qwen tool calls in free text.
+    text = ("<think>Look at the ticket, then the agents.</think>Checking.\n"
+            '<tool_call>{"name": "get_ticket", "arguments": {"ticket_id": 1124}}</tool_call>\n'
+            '<tool_call>{"name": "list_agents", "arguments": {"team": "technical"}}</tool_call>')
+    with FleetGymEnv(TASK, max_steps=2, **settings(local_fleet)) as env:
+        env.reset()
+        obs, reward, terminated, truncated, info = env.step(text)
+        messages = json.loads(obs["messages"])
+        assert [(m["role"], m["tool_call_id"]) for m in messages] == [
+            ("tool", "call_1_0"), ("tool", "call_1_1")]
+        assert info["tool_calls"] == 2 and (reward, terminated, truncated) == (0.0, False, False)
+        assert env.fleet_env.turns == 1  # two calls, one step toward max_steps=2
+        broken = '<tool_call>{"name": "get_ticket", "arguments": {</tool_call>'
+        obs, reward, terminated, truncated, info = env.step(broken)
+        assert "could not be read" in info["parse_error"] and not (terminated or truncated)
+        assert env.fleet_env.turns == 1 and env.fleet_env.tool_calls == 2
+
+
 @pytest.mark.parametrize("action", [
     "assign the ticket to Daniel",       # prose
     "42",                                # JSON, but no call

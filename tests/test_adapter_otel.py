@@ -263,3 +263,33 @@ def test_a_sink_attached_mid_rollout_still_draws_the_rollout(local_fleet: LocalF
     (call,) = telemetry.spans("execute_tool get_ticket")
     assert rollout.start_time < call.start_time < call.end_time <= rollout.end_time
     assert dict(rollout.attributes or {})["fleetenv.stop_reason"] == "agent_done"
+
+
+def test_mcp_spans_nest_under_the_rollout(local_fleet: LocalFleet,
+                                          telemetry: Telemetry) -> None:
+    # mcp records its own spans ("MCP send tools/call") through the *global* tracer
+    # provider, on fleetenv's loop thread; they must land in the rollout's trace.
+    global_spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(global_spans))
+    trace.set_tracer_provider(provider)  # once per process; nothing else here sets it
+    if trace.get_tracer_provider() is not provider:
+        pytest.skip("another global tracer provider was set first in this process")
+    try:
+        with (session_for(local_fleet, telemetry.sink) as session,
+              FleetEnv(TASK, session=session) as env):
+            assert play_reference(env) == 1.0
+    finally:
+        provider.force_flush()
+    (rollout,) = telemetry.spans("fleetenv.rollout")
+    mcp_spans = [s for s in global_spans.get_finished_spans()
+                 if s.name.startswith("MCP send")
+                 and s.context.trace_id == rollout.context.trace_id]
+    names = {s.name for s in mcp_spans}
+    assert {"MCP send initialize", "MCP send tools/list"} <= names
+    for span in mcp_spans:  # reset's handshake and every step's call: children
+        assert span.parent is not None and span.parent.span_id == rollout.context.span_id
+    calls = [s.name for s in mcp_spans if s.name.startswith("MCP send tools/call")]
+    assert calls == [f"MCP send tools/call {c.name}" for c in TASK.reference_solution or []]
+    # Outside fleetenv's calls the rollout is not current: the caller's context is clean.
+    assert not trace.get_current_span().get_span_context().is_valid

@@ -14,7 +14,7 @@ import fleetenv
 from fleetenv import FleetEnv, Task, ToolCall
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError, InvalidActionError
 from fleetenv.core.event_bus import EventBus
-from fleetenv.core.events import Event, TurnParseFailed
+from fleetenv.core.events import Event, TurnParseFailed, TurnWithoutToolCall
 from fleetenv.env.tool_call_parsing import parse_tool_calls
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
@@ -160,7 +160,8 @@ def test_a_turn_without_tool_calls_is_the_final_answer_by_default(
 
 def test_a_turn_without_tool_calls_can_be_a_no_op(local_fleet: LocalFleet) -> None:
     task = TASKS["helpdesk-busiest-agent"]
-    with make_env(local_fleet, task, no_tool_call="noop", max_steps=4) as env:
+    events: list[Event] = []
+    with make_env(local_fleet, task, events, no_tool_call="noop", max_steps=4) as env:
         env.reset()
         for turn in ("Let me think about it.", [], {"role": "assistant", "content": "Hmm."}):
             obs, reward, terminated, truncated, info = env.step(turn)
@@ -169,6 +170,9 @@ def test_a_turn_without_tool_calls_can_be_a_no_op(local_fleet: LocalFleet) -> No
             (message,) = obs.to_messages()
             assert message["role"] == "user" and "submit_final_answer" in obs.text
         assert env.turns == 3 and env.stats.noop_turns == 3 and env.final_answer is None
+        noops = [e for e in events if isinstance(e, TurnWithoutToolCall)]
+        assert [(e.step, e.text) for e in noops] == [
+            (1, "Let me think about it."), (2, ""), (3, "Hmm.")]
         *_, truncated, info = env.step("Still thinking.")
         assert truncated and info["stop_reason"] == "max_steps"
 

@@ -24,9 +24,14 @@ Why these spaces: an LLM agent reads text and writes a tool call, so the observa
 The action is the model's tool call as JSON text: an OpenAI tool-call dict
 (``{"id", "type": "function", "function": {"name", "arguments"}}``), ``{"name",
 "arguments"}``, a list of either, an assistant message with ``tool_calls``,
-``{"final_answer": "..."}`` or ``{"done": true}``. Dicts and ``fleetenv.ToolCall`` objects
-are accepted as they are. Text that is no tool call is not an exception: the agent sees
-an error observation saying what to send, and ``info["parse_error"]`` is set.
+``{"final_answer": "..."}`` or ``{"done": true}``, or the model's raw text in its own
+tool-call format (Hermes/Qwen ``<tool_call>``, Llama 3, Mistral; ``tool_call_format``
+picks one, default auto). Dicts and ``fleetenv.ToolCall`` objects are accepted as they
+are. The action's calls are one turn: they run in order, count once toward
+``max_steps``, and ``obs["messages"]`` answers each with its own ``tool`` message.
+
+Text that is no tool call is not an exception: the agent sees an error observation saying
+what to send, and ``info["parse_error"]`` is set.
 
 Why ``info`` is filtered: Gymnasium's checker (``check_env``) replays a step and demands an
 identical ``info``, and trainers store ``info`` in buffers. Ids and timings (rollout id,
@@ -43,6 +48,7 @@ so a training run can see how many zeros were not real zeros.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import string
 from collections.abc import Mapping
@@ -60,11 +66,13 @@ from fleetenv.core.config import finite_reward
 from fleetenv.core.errors import (
     EpisodeStateError,
     InvalidActionError,
+    ToolCallParseError,
 )
 from fleetenv.core.tasks import Task
 from fleetenv.env.actions import parse_action
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.env.observation import Observation
+from fleetenv.env.tool_call_parsing import split_tool_calls
 
 __all__ = ["ENV_ID", "FleetGymEnv", "UnicodeText", "register"]
 
@@ -172,22 +180,12 @@ class FleetGymEnv(gymnasium.Env[dict[str, Any], str]):
                                     hint="call reset() to start a new episode",
                                     task=self.fleet_env.task.key)
         self._turn += 1
-        calls, problem = _read_action(action, self._turn)
+        calls, problem = _read_action(action, self._turn, self.fleet_env.tool_call_format)
         if problem is not None:
             return self._parse_error(problem)
-        messages: list[dict[str, Any]] = []
-        reward: float | None = 0.0
-        terminated = truncated = False
-        info: dict[str, Any] = {}
-        texts: list[str] = []
-        observation: Observation | None = None
-        for call in calls:
-            observation, reward, terminated, truncated, info = self.fleet_env.step(call)
-            messages.extend(observation.to_messages())
-            texts.append(observation.text)
-            if terminated or truncated:
-                break
-        assert observation is not None  # _read_action returns at least one call
+        # The whole action is one turn: every call runs, in order, and counts once
+        # toward max_steps; the observation answers each call with its own message.
+        observation, reward, terminated, truncated, info = self.fleet_env.step(calls)
         self.raw_info = dict(info)
         stable = _stable(info)
         stable["parse_error"] = None
@@ -198,7 +196,7 @@ class FleetGymEnv(gymnasium.Env[dict[str, Any], str]):
             reward = self.unknown_reward
         elif terminated or truncated:
             stable["reward_unknown"] = False
-        obs = self._render(observation, messages, text="\n".join(texts))
+        obs = self._render(observation, observation.to_messages())
         return obs, float(reward), bool(terminated), bool(truncated), stable
 
     def close(self) -> None:
@@ -253,7 +251,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _read_action(action: object, turn: int) -> tuple[list[Any], str | None]:
+def _read_action(action: object, turn: int, format: str = "auto"
+                 ) -> tuple[list[Any], str | None]:
     """The tool calls of one action, in order, or a description of what is wrong.
 
     Calls without an id get ``call_<turn>_<n>``, so a replayed episode produces the same
@@ -264,7 +263,7 @@ def _read_action(action: object, turn: int) -> tuple[list[Any], str | None]:
         try:
             action = json.loads(text)
         except ValueError:  # JSONDecodeError, and RecursionError-free for flat input
-            return [], f"the action is not JSON: {text[:80]!r}"
+            return _model_text(text, turn, format)
         except RecursionError:
             return [], "the action is JSON nested too deeply to read"
     items: list[Any]
@@ -290,6 +289,21 @@ def _read_action(action: object, turn: int) -> tuple[list[Any], str | None]:
             return [], f"{where} is no tool call ({exc.message})"
         calls.append(item)
     return calls, None
+
+
+def _model_text(text: str, turn: int, format: str) -> tuple[list[Any], str | None]:
+    """Tool calls in a model's own format (Hermes ``<tool_call>``, Mistral, Llama 3),
+    re-numbered ``call_<turn>_<n>`` so a replayed episode repeats its ids. Text with no
+    call stays a parse error here: a random string must not end a Gymnasium episode as
+    a final answer."""
+    try:
+        found = split_tool_calls(text, format).calls
+    except ToolCallParseError as exc:
+        return [], f"the action's tool call could not be read ({exc.message})"
+    if not found:
+        return [], f"the action is neither JSON nor a tool call: {text[:80]!r}"
+    return [dataclasses.replace(call, id=f"call_{turn}_{index}")
+            for index, call in enumerate(found)], None
 
 
 def register() -> None:

@@ -17,6 +17,11 @@ starts at ``timestamp - duration`` and ends at ``timestamp``; nothing here waits
 wraps fleetenv's calls, and events replayed from worker processes still draw the right
 timeline. Retries, reset failures and tool-list changes are span events on the rollout.
 
+While fleetenv works for a rollout (inside ``reset``/``step``/``close``), the rollout's
+span is the current span (:meth:`OtelSink.scope`, entered by the event bus), so spans
+that libraries underneath open on fleetenv's loop thread, such as mcp's own ``MCP send
+tools/call``, are children of the rollout instead of separate traces.
+
 The parent of a rollout span is the span that is current in the thread that starts the
 rollout (``env.reset()``), so ``with tracer.start_as_current_span("train step"):``
 around your episodes nests them. Threads do not inherit that context unless the code
@@ -36,8 +41,10 @@ the events (``fleetenv.core.events``), so no credential reaches a span.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +95,13 @@ class _Open:
     context: Context
 
 
+@dataclass
+class _Scope:
+    """One ``reset``/``step``/``close`` call: the attach token to undo at its end."""
+
+    token: contextvars.Token[Context] | None = None
+
+
 class OtelSink:
     """An event sink that turns fleetenv's events into OpenTelemetry spans and metrics.
 
@@ -121,6 +135,8 @@ class OtelSink:
             description="Verifier run time")
         self._lock = threading.Lock()
         self._open: dict[str, _Open] = {}
+        self._scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar(
+            f"fleetenv_otel_scope_{id(self)}", default=None)
 
     def __repr__(self) -> str:
         return f"OtelSink(open_rollouts={len(self._open)})"
@@ -149,6 +165,27 @@ class OtelSink:
             found = self._open.get(rollout_id)
         return found.context if found else None
 
+    @contextlib.contextmanager
+    def scope(self, rollout_id: str) -> Iterator[None]:
+        """Make the rollout's span current for one ``reset``/``step``/``close`` call.
+
+        On ``reset`` the span does not exist yet: ``RolloutStarted`` arrives inside this
+        scope (the bus emits in the caller's context), and :meth:`_started` makes it
+        current then. Attach and detach happen in the same context, in this block.
+        """
+        state = _Scope()
+        with self._lock:
+            found = self._open.get(rollout_id)
+        if found is not None:
+            state.token = otel_context.attach(found.context)
+        reset = self._scope.set(state)
+        try:
+            yield
+        finally:
+            self._scope.reset(reset)
+            if state.token is not None:
+                otel_context.detach(state.token)
+
     def close(self) -> None:
         """End the spans of rollouts that never reported completion (marked as errors)."""
         with self._lock:
@@ -168,11 +205,15 @@ class OtelSink:
             "fleetenv.rollout", context=parent, kind=SpanKind.INTERNAL,
             start_time=_ns(event.timestamp),
             attributes=_ids(event, {"fleetenv.modality": event.modality}))
+        context = trace.set_span_in_context(span)
         with self._lock:
             previous = self._open.pop(event.rollout_id, None)
-            self._open[event.rollout_id] = _Open(span, trace.set_span_in_context(span))
+            self._open[event.rollout_id] = _Open(span, context)
         if previous is not None:  # a duplicate start: do not leave the first one open
             previous.span.end()
+        scope = self._scope.get()
+        if scope is not None and scope.token is None:  # inside reset(): current from now
+            scope.token = otel_context.attach(context)
 
     def _completed(self, event: RolloutCompleted) -> None:
         with self._lock:

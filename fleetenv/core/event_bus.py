@@ -12,9 +12,10 @@ episode's MCP traffic.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from fleetenv.core.event_sinks import EventSink, LoggingSink
 from fleetenv.core.events import Event
@@ -64,13 +65,39 @@ class EventBus:
             except Exception:
                 self._sink_failed(sink, event)
 
-    def _sink_failed(self, sink: EventSink, event: Event) -> None:
+    def scope(self, rollout_id: str) -> contextlib.AbstractContextManager[None]:
+        """Work done for rollout ``rollout_id`` (one ``reset``/``step``/``close``).
+
+        A sink with a ``scope(rollout_id)`` method (a context manager) is entered here,
+        in the caller's context, around the whole call. Why: work fleetenv hands to its
+        loop thread runs in a copy of the caller's context variables, so a tracing sink
+        that makes the rollout's span current in its scope gets the spans of libraries
+        underneath (mcp's own) nested under the rollout rather than in separate traces.
+        A sink's scope that fails to enter is counted like any sink failure.
+        """
+        scoped = [sink for sink in self._sinks if hasattr(sink, "scope")]
+        if not scoped:  # the usual case, on every step: nothing to enter
+            return contextlib.nullcontext()
+        return self._scoped(scoped, rollout_id)
+
+    @contextlib.contextmanager
+    def _scoped(self, sinks: list[EventSink], rollout_id: str) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for sink in sinks:
+                try:
+                    stack.enter_context(sink.scope(rollout_id))  # type: ignore[attr-defined]
+                except Exception:
+                    self._sink_failed(sink, None)
+            yield
+
+    def _sink_failed(self, sink: EventSink, event: Event | None) -> None:
         with self._lock:
             count = self._failures.get(id(sink), 0) + 1
             self._failures[id(sink)] = count
         if count == 1:
-            logger.warning("event sink %r failed on a %s event; it stays attached, and its "
-                           "further failures are counted, not logged", sink, event.kind,
+            logger.warning("event sink %r failed on %s; it stays attached, and its "
+                           "further failures are counted, not logged", sink,
+                           f"a {event.kind} event" if event else "entering its scope",
                            exc_info=True)
 
     def sink_failures(self, sink: EventSink) -> int:

@@ -69,6 +69,7 @@ class EventKind(StrEnum):
     SERVER_LOG = "server_log"
     TOOLS_CHANGED = "tools_changed"
     TURN_PARSE_FAILED = "turn_parse_failed"
+    TURN_WITHOUT_TOOL_CALL = "turn_without_tool_call"
 
 
 #: Longest free-text value an event keeps; the rest is replaced by a marker.
@@ -420,3 +421,16 @@ class TurnParseFailed(Event):
     format: str
     error: str = ""
     offset: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnWithoutToolCall(Event):
+    """A turn made no tool call and the env is set to ``no_tool_call="noop"``: nothing
+    ran, the agent was told to call a tool, and the turn counted toward ``max_steps``.
+    Without this event such turns would be invisible in a trace (no call, no error)."""
+
+    kind: ClassVar[str] = EventKind.TURN_WITHOUT_TOOL_CALL
+
+    step: int
+    text: str = ""
+    """The turn's text (truncated like every event's free text)."""

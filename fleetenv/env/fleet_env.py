@@ -68,6 +68,7 @@ from fleetenv.core.events import (
     ToolProgress,
     ToolsChanged,
     TurnParseFailed,
+    TurnWithoutToolCall,
     VerificationFinished,
     VerifierFailed,
 )
@@ -333,7 +334,8 @@ class FleetEnv:
 
         ``options={"fresh_instance": True}`` replaces the instance instead of resetting it.
         """
-        return run_sync(self._reset_plan(seed, dict(options or {})))
+        with self.events.scope(self.rollout_id):
+            return run_sync(self._reset_plan(seed, dict(options or {})))
 
     def step(self, action: object) -> StepResult:
         """Take one action: a ``ToolCall``, an OpenAI tool-call dict, OpenEnv's
@@ -341,7 +343,8 @@ class FleetEnv:
         assistant turn: the model's text, an OpenAI assistant message, or a list of
         tool calls, run in order as one step (one observation, one tool message per
         call). A turn whose calls cannot be read is a parse-error observation."""
-        return run_sync(self._step_plan(action))
+        with self.events.scope(self.rollout_id):
+            return run_sync(self._step_plan(action))
 
     def tools_prompt(self, format: str | None = None) -> str:
         """The episode's tools rendered for a chat template: ``"hermes"`` (the
@@ -369,7 +372,8 @@ class FleetEnv:
         (``grading_timeout``). ``conversation`` sets :attr:`conversation` for an episode
         not graded yet.
         """
-        run_sync(self._close_plan(grade, _stop_reason(reason), _messages(conversation)))
+        with self.events.scope(self.rollout_id):
+            run_sync(self._close_plan(grade, _stop_reason(reason), _messages(conversation)))
 
     def __enter__(self) -> FleetEnv:
         return self
@@ -384,16 +388,19 @@ class FleetEnv:
     async def reset_async(self, *, seed: int | None = None,
                           options: Mapping[str, Any] | None = None
                           ) -> tuple[Observation, dict[str, Any]]:
-        return await run_async(self._reset_plan(seed, dict(options or {})))
+        with self.events.scope(self.rollout_id):
+            return await run_async(self._reset_plan(seed, dict(options or {})))
 
     async def step_async(self, action: object) -> StepResult:
-        return await run_async(self._step_plan(action))
+        with self.events.scope(self.rollout_id):
+            return await run_async(self._step_plan(action))
 
     async def close_async(self, *, grade: bool = True,
                           reason: StopReason | str | None = None,
                           conversation: list[Any] | None = None) -> None:
-        await run_async(self._close_plan(grade, _stop_reason(reason),
-                                         _messages(conversation)))
+        with self.events.scope(self.rollout_id):
+            await run_async(self._close_plan(grade, _stop_reason(reason),
+                                             _messages(conversation)))
 
     async def __aenter__(self) -> FleetEnv:
         return self
@@ -569,6 +576,7 @@ class FleetEnv:
         elif turn.no_tool_call:
             state.noop_turns += 1
             info["no_tool_call"] = True
+            self._emit(TurnWithoutToolCall, step=state.step, text=turn.text)
             notice = ("Your turn made no tool call. Call a tool to continue"
                       + (f", or {SUBMIT_FINAL_ANSWER} to finish."
                          if any(t["function"]["name"] == SUBMIT_FINAL_ANSWER
