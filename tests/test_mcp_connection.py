@@ -252,3 +252,79 @@ def test_server_restart_mid_session(caplog: pytest.LogCaptureFixture) -> None:
             second.stop()
         else:
             first.stop()
+
+
+# ---------------------------------------------------------------------- keep-alive
+
+
+class _PeerRecorder:
+    """ASGI wrapper recording the client address of every HTTP request: one distinct
+    (host, port) per TCP connection the client opened."""
+
+    def __init__(self, app: object) -> None:
+        self.app = app
+        self.peers: list[tuple[str, int]] = []
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:
+        if scope["type"] == "http":
+            self.peers.append(tuple(scope["client"]))
+        await self.app(scope, receive, send)  # type: ignore[operator]
+
+
+def test_tool_calls_reuse_their_tcp_connection() -> None:
+    """Each reply is read to its end, so the POSTs of one session share a pooled
+    connection: a dozen calls cost no new TCP connection (before, every request opened
+    one, because the reply was closed before the server's end of the stream)."""
+    recorder = _PeerRecorder(wrap_app(build_full_server(), None))
+    with ServerThread(recorder) as server:
+        with MCPConnection(server.url, call_timeout_s=10) as connection:
+            connection.open()
+            opened = len(set(recorder.peers))
+            for index in range(12):
+                assert connection.call_tool("echo", {"text": str(index)}).texts == [str(index)]
+        requests = len(recorder.peers)
+        connections = len(set(recorder.peers))
+    assert requests >= 12 + 4  # initialize, initialized, GET stream, tools/list, calls, DELETE
+    assert connections <= 3, f"{connections} TCP connections for {requests} requests"
+    assert connections - opened <= 1  # the calls reused the setup's connections
+
+
+class _StreamHeldOpen:
+    """ASGI wrapper that holds every SSE reply open for ``hold_s`` after its last event
+    (a server slow to end the stream), recording which replies ended."""
+
+    def __init__(self, app: object, hold_s: float) -> None:
+        self.app = app
+        self.hold_s = hold_s
+        self.ended = 0
+        self.sse_replies = 0
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:
+        sse = False
+
+        async def held(message: dict) -> None:
+            nonlocal sse
+            if message["type"] == "http.response.start":
+                sse = any(name == b"content-type" and value.startswith(b"text/event-stream")
+                          for name, value in message.get("headers", []))
+                self.sse_replies += sse and scope["method"] == "POST"
+            if (sse and scope["method"] == "POST" and message["type"] == "http.response.body"
+                    and not message.get("more_body")):
+                await asyncio.sleep(self.hold_s)
+                self.ended += 1
+            await send(message)  # type: ignore[operator]
+
+        await self.app(scope, receive, held)  # type: ignore[operator]
+
+
+def test_a_reply_stream_held_open_does_not_hold_the_call() -> None:
+    """Reading a reply's rest is bounded and happens after the caller has its answer: a
+    server that keeps the stream open long after the answer delays no call."""
+    server_app = _StreamHeldOpen(wrap_app(build_full_server(), None), hold_s=5.0)
+    with (ServerThread(server_app) as server,
+          MCPConnection(server.url, call_timeout_s=10) as connection):
+        connection.open()
+        for index in range(3):
+            assert connection.call_tool("echo", {"text": str(index)}).texts == [str(index)]
+        # every answer arrived while its stream was still held open by the server
+        assert server_app.sse_replies >= 5 and server_app.ended == 0

@@ -26,7 +26,6 @@ from fleetenv.core.errors import ConnectError, ToolCallMayHaveRunError, ToolErro
 from fleetenv.core.retry import RetryPolicy
 from fleetenv.local import LocalFleet
 from fleetenv.mcp import Endpoint, MCPConnection, ToolRouter, failures, http
-from fleetenv.mcp.router import endpoints_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -459,6 +458,52 @@ def test_queueing_past_the_budget_is_a_connect_error_naming_the_endpoint(
         hurried.close()
 
 
+def test_with_a_queue_budget_time_queued_does_not_spend_the_servers_budget(
+    instance: Any, notes_faults: Any, handshake_limit: Callable[[int], None]
+) -> None:
+    """An episode's open (what a thousand episodes at once need): 6 setups, 1 at a time,
+    0.4 s each. The last waits about 2 s for its slot, twice its 1 s budget of server
+    time, and still opens, because queueing is bounded by the queue budget (the episode
+    deadline) instead. Without a queue budget the same wait is a ConnectError."""
+    handshake_limit(1)
+    url = f"{instance.urls.root}mcp"
+    notes_faults.add("mcp_handshake_delay", route=mcp_route(instance), seconds=0.4)
+    queued = RetryPolicy(base_s=0.05, cap_s=0.1, budget_s=1.0, queue_budget_s=30)
+    connections = [MCPConnection(url, connect_timeout_s=1.0, retry=queued) for _ in range(6)]
+    try:
+        assert open_all(connections) == [None] * 6
+    finally:
+        for connection in connections:
+            connection.close()
+    counted = RetryPolicy(base_s=0.05, cap_s=0.1, budget_s=1.0)
+    connections = [MCPConnection(url, connect_timeout_s=1.0, retry=counted) for _ in range(6)]
+    try:
+        outcomes = open_all(connections)
+        assert any(isinstance(o, ConnectError) for o in outcomes), outcomes
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+def test_the_queue_budget_bounds_the_wait_for_a_slot(
+    instance: Any, notes_faults: Any, handshake_limit: Callable[[int], None]
+) -> None:
+    handshake_limit(1)
+    url = f"{instance.urls.root}mcp"
+    notes_faults.add("mcp_handshake_delay", route=mcp_route(instance), seconds=3.0, times=1)
+    slow = MCPConnection(url)
+    hurried = MCPConnection(url, retry=RetryPolicy(base_s=0.05, cap_s=0.1, budget_s=10,
+                                                   queue_budget_s=0.5))
+    try:
+        outcomes = open_all([slow, hurried])
+        assert outcomes[0] is None
+        assert isinstance(outcomes[1], ConnectError)
+        assert "no MCP session setup could start within the budget" in str(outcomes[1])
+    finally:
+        slow.close()
+        hurried.close()
+
+
 def test_a_server_that_keeps_failing_gives_a_clear_connect_error_within_the_budget(
     instance: Any, notes_faults: Any
 ) -> None:
@@ -501,7 +546,9 @@ def test_one_endpoint_failing_transiently_is_retried_alone(
     computer_route = f"/instances/{instance.instance_id}/api/v1/mcp*"
     notes_faults.add("http_error", route=computer_route, status=503, times=2)
     quick = RetryPolicy(base_s=0.05, cap_s=0.2, budget_s=20)
-    with ToolRouter(endpoints_for(instance.urls.root, "tool_use"), retry=quick) as router:
+    root = instance.urls.root  # both endpoints opened (tool_use opens the second only as
+    endpoints = [Endpoint(f"{root}mcp"), Endpoint(f"{root}api/v1/mcp", required=False)]
+    with ToolRouter(endpoints, retry=quick) as router:  # a fallback: test_mcp_router.py)
         names = [tool.name for tool in router.list_tools()]
         assert "add_note" in names and "computer" in names
         assert router.skipped_endpoints == []
@@ -531,3 +578,6 @@ def test_an_episode_waits_for_a_slow_starting_mcp_server_within_its_budget(
         policy = env._lease.mcp_setup_retry(Deadline(None))
         assert policy.budget_s == 15.0, "three connect timeouts for the whole open"
         assert env._lease.mcp_setup_retry(Deadline(2.0)).budget_s <= 2.0, "within the deadline"
+        # Queueing for a handshake slot is bounded by the episode deadline, not the budget.
+        assert policy.queue_budget_s is None
+        assert 1.0 < (env._lease.mcp_setup_retry(Deadline(120.0)).queue_budget_s or 0) <= 120

@@ -33,6 +33,10 @@ pytestmark = pytest.mark.timeout(60)
 
 REFERENCE = ScriptedPolicy.reference()
 
+#: The key behaviours hold in both in-process modes (tests/test_runner_asyncio.py has
+#: what is particular to the asyncio mode).
+MODES = pytest.mark.parametrize("mode", ["threads", "asyncio"])
+
 
 def _config(fleet: LocalFleet, **settings: Any) -> FleetConfig:
     return resolve_config(api_key=fleet.token, base_url=fleet.base_url, **settings)
@@ -65,8 +69,9 @@ def exit_worker_on_first_task(context: PolicyContext) -> Reply:
     return REFERENCE.act(context)
 
 
+@MODES
 def test_threads_run_every_bundled_task_and_yield_as_they_finish(
-        local_fleet: LocalFleet) -> None:
+        local_fleet: LocalFleet, mode: str) -> None:
     # How fast such a batch runs is measured in tests/benchmarks/bench_runner_batch.py.
     tasks = _tasks()
     slow = tasks[0].key
@@ -81,7 +86,8 @@ def test_threads_run_every_bundled_task_and_yield_as_they_finish(
 
     bus = EventBus(sinks=[])
     order: list[str] = []
-    with Runner(workers=8, config=_config(local_fleet), events=bus, progress=False) as runner:
+    with Runner(workers=8, mode=mode, config=_config(local_fleet), events=bus,
+                progress=False) as runner:
         for result in runner.run(tasks, policy):
             order.append(result.task_key)
             gate.set()
@@ -141,7 +147,9 @@ def test_a_dead_worker_process_is_an_error_result_and_its_instance_is_swept(
     assert _running_with_tag(local_fleet, runner.run_tag) == []
 
 
-def test_a_policy_that_raises_fails_only_its_own_rollouts(local_fleet: LocalFleet) -> None:
+@MODES
+def test_a_policy_that_raises_fails_only_its_own_rollouts(local_fleet: LocalFleet,
+                                                          mode: str) -> None:
     tasks = _tool_use_tasks(4)
     broken = tasks[1].key
 
@@ -151,7 +159,8 @@ def test_a_policy_that_raises_fails_only_its_own_rollouts(local_fleet: LocalFlee
         return REFERENCE.act(context)
 
     bus = EventBus(sinks=[])
-    with Runner(workers=4, config=_config(local_fleet), events=bus, progress=False) as runner:
+    with Runner(workers=4, mode=mode, config=_config(local_fleet), events=bus,
+                progress=False) as runner:
         results = list(runner.run(tasks, policy, samples_per_task=2))
     assert len(results) == 8
     failed = [r for r in results if r.task_key == broken]
@@ -165,13 +174,14 @@ def test_a_policy_that_raises_fails_only_its_own_rollouts(local_fleet: LocalFlee
     assert _running_with_tag(local_fleet, runner.run_tag) == []
 
 
+@MODES
 def test_provisioning_failures_are_error_results_and_the_batch_goes_on(
-        local_fleet: LocalFleet, local_faults: Any) -> None:
+        local_fleet: LocalFleet, local_faults: Any, mode: str) -> None:
     tasks = _tool_use_tasks(5)
     unknown = tasks[0].model_copy(update={"key": "no-such-env-task", "env_key": "no-such-env"})
     local_faults.add("create_error", status=400, message="Environment 'x' not found", times=2)
-    with Runner(workers=3, config=_config(local_fleet), events=EventBus(sinks=[]),
-                progress=False) as runner:
+    with Runner(workers=3, mode=mode, config=_config(local_fleet),
+                events=EventBus(sinks=[]), progress=False) as runner:
         results = list(runner.run([unknown, *tasks], REFERENCE))
     assert len(results) == 6
     errors = [r for r in results if r.error is not None]
@@ -183,13 +193,14 @@ def test_provisioning_failures_are_error_results_and_the_batch_goes_on(
     assert len(results) - len(errors) >= 3
 
 
+@MODES
 def test_cancel_closes_live_episodes_and_leaves_no_instance(
-        local_fleet: LocalFleet, local_faults: Any) -> None:
+        local_fleet: LocalFleet, local_faults: Any, mode: str) -> None:
     local_faults.add("tool_hang")
     tasks = _tool_use_tasks(6)
     bus = EventBus(sinks=[])
-    runner = Runner(workers=3, max_in_flight=5, config=_config(local_fleet), events=bus,
-                    progress=False)
+    runner = Runner(workers=3, max_in_flight=5, mode=mode, config=_config(local_fleet),
+                    events=bus, progress=False)
     results: list[Any] = []
     consumer = threading.Thread(target=lambda: results.extend(runner.run(tasks, REFERENCE)))
     consumer.start()
@@ -228,7 +239,7 @@ CTRL_C_SCRIPT = textwrap.dedent("""
     config = resolve_config(api_key=os.environ["T_KEY"], base_url=os.environ["T_URL"],
                             run_tag=os.environ["T_TAG"])
     tasks = [t for t in load_tasks(bundled_tasks_path()) if t.modality == "tool_use"][:8]
-    with Runner(workers=4, config=config, progress=False) as runner:
+    with Runner(workers=4, mode=os.environ["T_MODE"], config=config, progress=False) as runner:
         print("RUNNING", flush=True)
         for result in runner.run(tasks, "reference"):
             print("RESULT", result.task_key, flush=True)
@@ -236,11 +247,13 @@ CTRL_C_SCRIPT = textwrap.dedent("""
 """)
 
 
+@MODES
 def test_ctrl_c_during_a_run_leaves_no_live_instance(local_fleet: LocalFleet,
-                                                      local_faults: Any) -> None:
+                                                      local_faults: Any, mode: str) -> None:
     local_faults.add("tool_hang")
     tag = f"test-ctrl-c-{uuid.uuid4().hex[:8]}"
-    env = dict(os.environ, T_KEY=local_fleet.token, T_URL=local_fleet.base_url, T_TAG=tag)
+    env = dict(os.environ, T_KEY=local_fleet.token, T_URL=local_fleet.base_url, T_TAG=tag,
+               T_MODE=mode)
     child = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -260,10 +273,11 @@ def test_ctrl_c_during_a_run_leaves_no_live_instance(local_fleet: LocalFleet,
     assert _running_with_tag(local_fleet, tag) == []
 
 
-def test_runner_checks_its_arguments_and_policies(local_fleet: LocalFleet) -> None:
+@MODES
+def test_runner_checks_its_arguments_and_policies(local_fleet: LocalFleet, mode: str) -> None:
     with pytest.raises(ConfigurationError, match="workers"):
         Runner(workers=0, config=_config(local_fleet))
-    with Runner(workers=1, config=_config(local_fleet), progress=False) as runner:
+    with Runner(workers=1, mode=mode, config=_config(local_fleet), progress=False) as runner:
         assert runner.run_tag.startswith("fleetenv-")
         with pytest.raises(ConfigurationError, match="unknown policy kind"):
             runner.run(_tasks()[:1], "no-such-kind")

@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -238,3 +239,39 @@ def test_forked_child_gets_a_fresh_loop() -> None:
     assert runtime.call(double, 2) == 4  # the parent is unaffected
 
 
+
+
+def _waits_on_the_future(fn: object) -> int:
+    """How many times the current thread asked a concurrent future for its outcome
+    while running ``fn`` (each ask is one wake-up of a blocked waiter)."""
+    asks = 0
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        nonlocal asks
+        code = getattr(frame, "f_code", None)
+        if (event == "call" and code is not None and code.co_name == "exception"
+                and code.co_filename.endswith(os.path.join("concurrent", "futures",
+                                                           "_base.py"))):
+            asks += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()  # type: ignore[operator]
+    finally:
+        sys.setprofile(None)
+    return asks
+
+
+def test_only_the_main_thread_wakes_up_while_it_waits() -> None:
+    # Ctrl-C reaches the main thread only: it wakes up every 0.1 s to let it in. Any
+    # other thread blocks on the future itself, once, however long the wait.
+    def wait() -> None:
+        runtime.call(anyio.sleep, 0.5)
+
+    in_main = _waits_on_the_future(wait)
+    in_worker: list[int] = []
+    worker = threading.Thread(target=lambda: in_worker.append(_waits_on_the_future(wait)))
+    worker.start()
+    worker.join(timeout=10)
+    assert in_main >= 3  # sliced: this is what lets _thread.interrupt_main() through
+    assert in_worker == [1]

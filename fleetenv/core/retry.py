@@ -84,6 +84,16 @@ class Deadline:
         remaining = self.remaining()
         return seconds if remaining is None else min(seconds, remaining)
 
+    def extend(self, seconds: float, *, limit: Deadline | None = None) -> None:
+        """Move the end ``seconds`` later, never past ``limit``'s end: for time spent
+        waiting in a queue that should not count against this budget."""
+        if self._end is None or seconds <= 0:
+            return
+        end = self._end + seconds
+        if limit is not None and limit._end is not None:
+            end = max(self._end, min(end, limit._end))
+        self._end = end
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -99,6 +109,10 @@ class RetryPolicy:
     budget_s: float | None = 600.0
     max_attempts: int | None = None
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+    queue_budget_s: float | None = None
+    """How long the operation may wait in a shared queue (MCP session setups queue for a
+    process-wide slot) without that wait counting against ``budget_s``. ``None``: time
+    queued counts against ``budget_s`` like any other."""
 
     def __post_init__(self) -> None:
         if self.base_s <= 0 or self.cap_s < self.base_s:

@@ -29,6 +29,7 @@ from fleetenv.core.events import (
 from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import Modality
+from fleetenv.fleet.warm_pool import pool_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.leases import BrowserLease, LeaseClient
@@ -83,6 +84,11 @@ class InstanceLease:
         self.browser: BrowserLease | None = None
         self._lease_client: LeaseClient | None = None
         self._pid = os.getpid()
+        #: Set by the env: its episode closed cleanly (``reusable``); a tool call failed
+        #: and may still run on the server (``tainted``). A warm pool keeps the instance
+        #: only when reusable and not tainted (see ``fleetenv.fleet.warm_pool``).
+        self.reusable = False
+        self.tainted = False
 
     @property
     def instance_id(self) -> str | None:
@@ -140,15 +146,17 @@ class InstanceLease:
                            delay_s=details["delay_s"], error_type=details["error_type"],
                            error=details["error"])
 
+        pool = pool_of(self.session)
+        provision = pool.provision if pool is not None else self.session.provisioner.provision
         try:
-            instance = self.session.provisioner.provision(request, listener=listener)
+            instance = provision(request, listener=listener)
         except Exception as exc:
             self._emit(ProvisioningFailed, attempts=attempts, error_type=type(exc).__name__,
                        error=str(exc))
             raise
         with self._lock:
             closed = self._closed
-            self.instance = instance
+            self.instance, self.tainted = instance, False
         self.last_instance_id = instance.instance_id
         self._on_instance(instance.instance_id)
         self._emit(InstanceProvisioned, seconds=instance.provision_seconds,
@@ -183,6 +191,10 @@ class InstanceLease:
             instance, self.instance = self.instance, None
         if instance is None:
             return
+        pool = pool_of(self.session) if reason == "closed" else None
+        if pool is not None and pool.give_back(instance,
+                                               dirty=self.tainted or not self.reusable):
+            return  # kept warm for the next episode of the same environment
         try:
             self.session.provisioner.delete(instance)
         except Exception as exc:
@@ -231,12 +243,15 @@ class InstanceLease:
 
     def mcp_setup_retry(self, deadline: Deadline) -> RetryPolicy:
         """How opening the MCP sessions retries, bounded by what is left of ``deadline``
-        (the episode's): at most ``_MCP_OPEN_CONNECT_TIMEOUTS`` connect timeouts for the
-        whole open, queueing for a handshake slot included."""
+        (the episode's): at most ``_MCP_OPEN_CONNECT_TIMEOUTS`` connect timeouts of the
+        servers' time for the whole open. Time queued for a handshake slot is not the
+        servers' time: with a thousand episodes opening at once most of them wait there,
+        so the queue is bounded by the episode deadline instead, not by the budget."""
         budget_s = deadline.cap(
             self.session.config.connect_timeout_s * _MCP_OPEN_CONNECT_TIMEOUTS)
         return RetryPolicy(base_s=_MCP_RETRY_BASE_S, cap_s=_MCP_RETRY_CAP_S,
-                           budget_s=max(budget_s, 0.001))
+                           budget_s=max(budget_s, 0.001),
+                           queue_budget_s=deadline.remaining())
 
 
     # ------------------------------------------------------------------ browser lease

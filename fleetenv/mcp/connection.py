@@ -34,6 +34,7 @@ import functools
 import importlib
 import logging
 import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from fleetenv import runtime
 from fleetenv.core.deprecation import renamed_kwargs
 from fleetenv.core.errors import FleetEnvError, ToolCallError
-from fleetenv.core.retry import RetryPolicy
+from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.mcp import compat, failures, http, notifications, resources
 from fleetenv.mcp.arguments import require_object
 from fleetenv.mcp.notifications import NotificationCallback
@@ -466,15 +467,21 @@ class MCPConnection:
         """Start an owner task and get its session, retrying under `retry` what a
         starting server explains (see `failures.connect_error`)."""
         deadline = self.retry.deadline()
+        # Setups queue for a process-wide slot (http.handshake_slot). The queue never
+        # counts against an attempt's connect timeout; with a queue budget (an episode's
+        # open) it does not count against the whole budget either, only against its own.
+        queue = (Deadline(self.retry.queue_budget_s)
+                 if self.retry.queue_budget_s is not None else None)
         cut_short = False  # the last attempt had less than a connect timeout left
         earlier: Exception | None = None  # the failure before the last one
 
         async def attempt() -> _Live:
             nonlocal cut_short
             self._check_usable()  # closed during a pause: stop here
-            # Setups queue for a process-wide slot (http.handshake_slot); the queue counts
-            # against the whole budget, not against this attempt's connect timeout.
-            async with http.handshake_slot(self.url, deadline):
+            queued_from = time.monotonic()
+            async with http.handshake_slot(self.url, queue or deadline):
+                if queue is not None:
+                    deadline.extend(time.monotonic() - queued_from, limit=queue)
                 self._check_usable()
                 timeout_s = deadline.cap(self.connect_timeout_s)
                 cut_short = timeout_s < self.connect_timeout_s

@@ -13,6 +13,12 @@ Pools are unbounded (``max_connections=None``): a stateful session holds a GET s
 open, and a bounded pool would make the session's next request wait for it.
 Closing a connection's client closes its pool. Proxies from the environment are honoured
 by each client (``trust_env``), as httpx2 does by default.
+
+Keep-alive: the ``mcp`` client closes a POST's reply as soon as it has the JSON-RPC
+answer, before the server's end of the stream (an SSE reply's last chunk, or the empty
+body of a ``202``) was read; httpcore then closes the TCP connection instead of pooling
+it, so every request paid a new connection. Each client's transport therefore reads the
+rest of a reply it closes (`fleetenv.mcp.keepalive`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from fleetenv import runtime
 from fleetenv.core.errors import ConfigurationError, ConnectError
 from fleetenv.core.retry import Deadline
 from fleetenv.mcp import failures
+from fleetenv.mcp.keepalive import keep_alive_transport
 
 if TYPE_CHECKING:
     import ssl
@@ -108,11 +115,11 @@ async def connection_client(
             write=_WRITE_TIMEOUT_S,
             pool=_POOL_TIMEOUT_S,
         ),
-        transport=httpx2.AsyncHTTPTransport(
+        transport=keep_alive_transport(httpx2.AsyncHTTPTransport(
             verify=context,
             limits=httpx2.Limits(max_connections=None,
                                  max_keepalive_connections=_KEEPALIVE_PER_CONNECTION),
-        ),
+        )),
         event_hooks={"response": [_record]},
     )
 

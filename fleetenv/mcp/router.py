@@ -2,7 +2,10 @@
 
 An episode talks to one to three endpoints (see `endpoints_for`). The router opens one
 `MCPConnection` per endpoint, lists them all, and gives each tool name to the FIRST
-endpoint (in the given order) that lists it. A required endpoint that fails is an error
+endpoint (in the given order) that lists it. A *fallback* endpoint is opened only when
+the endpoints before it serve no tool (absent, or listing none): a tool-use episode opens
+``{root}mcp`` alone (one session, not two) and reaches for ``{root}api/v1/mcp`` only on
+images that serve their tools there. A required endpoint that fails is an error
 that names it: the previous client silently continued with a shorter tool list, which
 once dropped the ``computer`` tool from whole training runs. An optional endpoint that is
 simply not there (HTTP 404/405) is skipped; any other failure of it is an error too.
@@ -44,11 +47,17 @@ _RENAMED_CALL = {"timeout": "timeout_s"}
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One MCP endpoint of an episode. ``headers`` (auth) are never shown in reprs."""
+    """One MCP endpoint of an episode. ``headers`` (auth) are never shown in reprs.
+
+    A ``fallback`` endpoint is opened only if no endpoint before it serves a tool; a
+    required endpoint that is absent (404/405) is then no error when its fallback
+    serves tools.
+    """
 
     url: str
     required: bool = True
     headers: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
+    fallback: bool = False
 
 
 def endpoints_for(
@@ -60,8 +69,10 @@ def endpoints_for(
 ) -> list[Endpoint]:
     """The endpoints an episode of ``modality`` uses on an instance whose base URL is ``root``.
 
-    ``tool_use``: ``{root}mcp`` (required), then ``{root}api/v1/mcp`` (optional: only some
-    images serve it). ``computer_use``: ``{root}api/v1/mcp``. ``browser_use``: the browser
+    ``tool_use``: ``{root}mcp`` (required), then ``{root}api/v1/mcp`` as its fallback
+    (opened only when ``{root}mcp`` serves no tool: some images serve their tools there;
+    elsewhere it serves only ``computer``, which a tool-use episode does not offer).
+    ``computer_use``: ``{root}api/v1/mcp``. ``browser_use``: the browser
     lease's MCP URL, which must be given. ``headers`` (the instance's credentials) go only
     to endpoints under ``root``: a lease elsewhere has its own credential, and the Fleet
     API key must not travel to another host.
@@ -70,7 +81,7 @@ def endpoints_for(
     if modality == "tool_use":
         return [
             Endpoint(f"{base}mcp", required=True, headers=headers),
-            Endpoint(f"{base}api/v1/mcp", required=False, headers=headers),
+            Endpoint(f"{base}api/v1/mcp", required=False, headers=headers, fallback=True),
         ]
     if modality == "computer_use":
         return [Endpoint(f"{base}api/v1/mcp", required=True, headers=headers)]
@@ -135,6 +146,7 @@ class ToolRouter:
         self._tools: list[Tool] | None = None
         self._owners: dict[str, MCPConnection] = {}
         self._skipped: list[str] = []
+        self._unused: list[str] = []
         self._lock: anyio.Lock | None = None
 
     def __repr__(self) -> str:
@@ -154,8 +166,15 @@ class ToolRouter:
 
     @property
     def skipped_endpoints(self) -> list[str]:
-        """Optional endpoints that turned out not to exist (HTTP 404/405)."""
+        """Endpoints that turned out not to exist (HTTP 404/405): optional ones, and
+        required ones whose fallback served the tools instead."""
         return list(self._skipped)
+
+    @property
+    def unused_endpoints(self) -> list[str]:
+        """Fallback endpoints that were not opened: an endpoint before them served tools
+        (or failed otherwise than by being absent, and that failure is the open's error)."""
+        return list(self._unused)
 
     def openai_tools(self) -> list[dict[str, Any]]:
         """`tools` in OpenAI function format."""
@@ -281,9 +300,25 @@ class ToolRouter:
                 except Exception as exc:  # judged below, per endpoint
                     outcomes[connection.url] = exc
 
-            async with anyio.create_task_group() as group:
-                for connection in self._connections.values():
-                    group.start_soon(open_one, connection)
+            # Endpoints open concurrently, in waves: each fallback waits for the result
+            # of the endpoints before it, and is opened only if none of them has tools
+            # and none failed for another reason than being absent (404/405).
+            wave: list[Endpoint] = []
+            self._unused = []
+            for endpoint in [*self.endpoints, None]:
+                if endpoint is not None and not endpoint.fallback:
+                    wave.append(endpoint)
+                    continue
+                if wave:
+                    async with anyio.create_task_group() as group:
+                        for member in wave:
+                            group.start_soon(open_one, self._connections[member.url])
+                    wave = []
+                if endpoint is not None:  # a fallback
+                    if self._serving(outcomes) or self._failed(outcomes):
+                        self._unused.append(endpoint.url)
+                    else:
+                        wave.append(endpoint)
             try:
                 self._route(outcomes)
             except Exception:
@@ -384,14 +419,29 @@ class ToolRouter:
         budgets = [connection.setup_budget_s for connection in self._connections.values()]
         return None if None in budgets else max(b for b in budgets if b is not None)
 
+    def _serving(self, outcomes: Mapping[str, Exception | None]) -> bool:
+        """True when an endpoint opened so far lists at least one tool."""
+        return any(error is None and self._connections[url]._tools
+                   for url, error in outcomes.items())
+
+    def _failed(self, outcomes: Mapping[str, Exception | None]) -> bool:
+        """True when an endpoint opened so far failed otherwise than by being absent: its
+        error is the open's outcome, and a fallback must not spend the budget again."""
+        return any(error is not None and not _is_absent(error) for error in outcomes.values())
+
     def _route(self, outcomes: Mapping[str, Exception | None]) -> None:
         tools: list[Tool] = []
         owners: dict[str, MCPConnection] = {}
         skipped: list[str] = []
+        rescued = any(endpoint.fallback and outcomes.get(endpoint.url, False) is None
+                      and self._connections[endpoint.url]._tools
+                      for endpoint in self.endpoints)
         for endpoint in self.endpoints:
+            if endpoint.url in self._unused:
+                continue
             error = outcomes.get(endpoint.url)
             if error is not None:
-                if not endpoint.required and _is_absent(error):
+                if (not endpoint.required or rescued) and _is_absent(error):
                     skipped.append(endpoint.url)
                     continue
                 raise error
@@ -404,9 +454,9 @@ class ToolRouter:
         self._owners, self._skipped, self._tools = owners, skipped, tools
 
     def _open_connections(self) -> list[MCPConnection]:
-        """The connections of the endpoints that exist (not skipped), in endpoint order."""
+        """The connections of the endpoints that exist and were opened, in endpoint order."""
         return [self._connections[endpoint.url] for endpoint in self.endpoints
-                if endpoint.url not in self._skipped]
+                if endpoint.url not in self._skipped and endpoint.url not in self._unused]
 
     def _reroute(self) -> None:
         """Rebuild the routing table from the connections' current tool lists."""

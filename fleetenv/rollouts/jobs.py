@@ -35,6 +35,7 @@ __all__ = [
     "PolicyLike",
     "RolloutJob",
     "RolloutSettings",
+    "blame_cancellation",
     "check_picklable",
     "describe_policy",
     "failed_result",
@@ -121,10 +122,24 @@ def run_job(job: RolloutJob, *, session: Session | None = None,
                          events=events, max_steps=settings.max_steps,
                          system_prompt=settings.system_prompt, cancel=cancel,
                          run_tag=settings.run_tag)
-    if cancel is not None and cancel.is_set() and result.stop_reason is StopReason.ERROR:
-        # The error is the cancellation's doing (its env was closed under a tool call).
-        result.stop_reason = StopReason.CANCELLED
+    if cancel is not None and cancel.is_set():
+        blame_cancellation(result)
     return result
+
+
+#: How an episode whose env the cancellation closed under a tool call ends: the call
+#: fails (an error), or the env finds its instance deleted (``instance_expired``).
+_CANCELLATION_SYMPTOMS = (StopReason.ERROR, StopReason.INSTANCE_EXPIRED)
+
+
+def blame_cancellation(result: RolloutResult) -> None:
+    """Record a rollout of a cancelled run that ended by the cancellation's doing as
+    cancelled (no reward), whichever symptom it ended on."""
+    if result.stop_reason in _CANCELLATION_SYMPTOMS:
+        result.stop_reason = StopReason.CANCELLED
+        result.reward = None
+        if result.error is None:
+            result.error = {"type": "RolloutCancelled", "message": "the run was cancelled"}
 
 
 _worker_lock = threading.Lock()

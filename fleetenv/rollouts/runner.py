@@ -13,14 +13,36 @@ leaves it open), ``Runner(config=...)`` or ``Runner()`` makes its own and closes
 the runner. Either way the run tags its instances with its own ``run_tag``, so cancelling
 a run sweeps only that run's instances.
 
+Modes
+-----
+``Runner(mode=...)`` says where episodes run: ``"threads"``, ``"asyncio"``,
+``"processes"`` or ``"auto"`` (the default). The public API and the results are the
+same in every mode.
+
+* ``"asyncio"``: every episode is a coroutine on fleetenv's one event loop, with no
+  thread of its own (see ``async_jobs``): ``workers`` episodes run at once (at most
+  ``max_live_instances``), their blocking parts (provisioning, verification, deletion)
+  on a small pool, a sync policy on a pool of ``min(32, workers)`` threads, an async
+  policy (``async def act`` or a coroutine function) on the loop itself. Event sinks are
+  then called on the loop thread: a sink must not block for long.
+* ``"auto"``: with ``executor=`` given, ``"threads"`` for a ``ThreadPoolExecutor`` and
+  ``"processes"`` for anything else. Without one, each rollout picks by its policy:
+  ``"asyncio"`` for an async policy and for the built-in scripted ones (``"reference"``,
+  ``"scripted"``, ``ScriptedPolicy``), which cost the loop nothing; ``"threads"`` for
+  any other sync policy (a model client blocking on HTTP gets a thread per episode, as
+  many as ``workers``).
+
 Executors
 ---------
-* Threads (default: a ``ThreadPoolExecutor(workers)`` the runner owns). Jobs get the live
+* Threads (mode ``"threads"``: ``executor=`` or a ``ThreadPoolExecutor(workers)`` the
+  runner owns; any ``concurrent.futures.Executor`` that runs jobs in this process fits,
+  no subclass needed). Jobs get the live
   objects: the policy object as given, the session, the runner's ``EventBus`` and its
   ``CancelToken``. MCP traffic of every episode runs on fleetenv's one event-loop thread;
   the worker threads only block, so threads are the right default for LLM agents (the
   time goes to waiting on the model and the tools, not to Python).
-* A spawn ``ProcessPoolExecutor`` (for policies that burn CPU in Python). Jobs must
+* A spawn ``ProcessPoolExecutor`` (mode ``"processes"``: ``executor=``, or one with
+  ``workers`` processes the runner owns; for policies that burn CPU in Python). Jobs must
   pickle: a ``PolicySpec``, a spec string, a module-level function or a picklable policy
   object; anything else is a ``ConfigurationError`` at ``submit()``. Each worker process
   has its own event loop and its own session for the run, built from the settings the
@@ -66,10 +88,11 @@ from __future__ import annotations
 import concurrent.futures
 import contextvars
 import logging
+import multiprocessing
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sized
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sized
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -88,6 +111,9 @@ from fleetenv.fleet.provisioning import new_run_tag
 from fleetenv.fleet.registry import install_signal_handlers
 from fleetenv.fleet.session import Session
 from fleetenv.fleet.traces import TraceOptions, TraceReport, TraceUploader
+from fleetenv.rollouts.async_jobs import LoopEpisodes
+from fleetenv.rollouts.async_rollout import is_async_policy, runs_on_loop
+from fleetenv.rollouts.futures import AwaitableFuture
 from fleetenv.rollouts.jobs import (
     JobOutcome,
     PolicyLike,
@@ -101,8 +127,13 @@ from fleetenv.rollouts.jobs import (
 from fleetenv.rollouts.policy import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
 from fleetenv.rollouts.rollout import CancelToken, RolloutResult
+from fleetenv.rollouts.runner_async import in_thread, iterate_async, take_slot_async
+from fleetenv.runtime.loop import await_future
 
-__all__ = ["PolicyLike", "Runner"]
+__all__ = ["MODES", "PolicyLike", "Runner"]
+
+#: The values of ``Runner(mode=...)``.
+MODES = ("auto", "threads", "asyncio", "processes")
 
 logger = logging.getLogger("fleetenv.rollouts")
 
@@ -119,6 +150,7 @@ class Runner:
         self,
         *,
         workers: int = 8,
+        mode: str = "auto",
         executor: Executor | None = None,
         session: Session | None = None,
         config: FleetConfig | None = None,
@@ -139,6 +171,7 @@ class Runner:
         if session is not None and config is not None:
             raise ConfigurationError("pass either session= or config=, not both",
                                      hint="the session already holds the settings")
+        mode = _check_mode(mode, executor)
         trace_options = TraceOptions.of(traces) if traces is not None else None
         install_signal_handlers()  # SIGTERM deletes instances that worker threads create
         self._owns_session = session is None
@@ -150,17 +183,23 @@ class Runner:
         self.workers = workers
         self.max_in_flight = max_in_flight or workers
         self.events: EventBus = events if events is not None else self.session.events
+        #: ``"auto"``, ``"threads"``, ``"asyncio"`` or ``"processes"`` (as resolved for
+        #: a given executor: ``"auto"`` stays only without one, deciding per policy).
+        self.mode = mode
         self._owns_executor = executor is None
-        self._executor: Executor = executor or ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="fleetenv-rollout")
-        self._in_process = isinstance(self._executor, ThreadPoolExecutor)
+        self._given_executor = executor
+        self._made_executor: Executor | None = None
+        self._in_process = mode != "processes"
         job_config = (self.config if self._in_process
                       else _worker_config(self.session, workers))
         self._settings = RolloutSettings(config=job_config, max_steps=max_steps,
                                          system_prompt=system_prompt, run_tag=self.run_tag)
         self._slots = threading.Semaphore(self.max_in_flight)
         self._token = CancelToken()
+        self._loop_episodes: LoopEpisodes | None = None
         self._lock = threading.Lock()
+        #: Coroutines waiting for a slot (``submit_async``): woken when one frees.
+        self._slot_waiters: list[Future[None]] = []
         #: Caller's future -> the executor's future, for every rollout not yet finished.
         self._running: dict[Future[RolloutResult], Future[Any]] = {}
         self._cancelled = False
@@ -174,7 +213,8 @@ class Runner:
             TraceUploader(self.session, trace_options) if trace_options else None)
 
     def __repr__(self) -> str:
-        kind = "threads" if self._in_process else type(self._executor).__name__
+        kind = (self.mode if self._given_executor is None
+                else f"{self.mode}: {type(self._given_executor).__name__}")
         return (f"Runner({kind}, workers={self.workers}, max_in_flight={self.max_in_flight}, "
                 f"run_tag={self.run_tag!r})")
 
@@ -182,15 +222,46 @@ class Runner:
     def cancelled(self) -> bool:
         return self._cancelled
 
+    @property
+    def _executor(self) -> Executor:
+        """The executor of thread / process rollouts, made on first use (a runner whose
+        rollouts all run on the loop never starts a pool)."""
+        if self._given_executor is not None:
+            return self._given_executor
+        with self._lock:
+            if self._made_executor is None:
+                self._made_executor = (
+                    ProcessPoolExecutor(self.workers,
+                                        mp_context=multiprocessing.get_context("spawn"))
+                    if self.mode == "processes" else
+                    ThreadPoolExecutor(max_workers=self.workers,
+                                       thread_name_prefix="fleetenv-rollout"))
+            return self._made_executor
+
+    def _on_loop(self, policy: Any) -> bool:
+        """Whether a rollout of ``policy`` runs on fleetenv's loop (see Modes)."""
+        if self.mode == "asyncio":
+            return True
+        return self.mode == "auto" and runs_on_loop(policy)
+
+    def _loop(self) -> LoopEpisodes:
+        with self._lock:
+            if self._loop_episodes is None:
+                self._loop_episodes = LoopEpisodes(workers=self.workers, session=self.session,
+                                                   events=self.events, cancel=self._token)
+            return self._loop_episodes
+
     # ------------------------------------------------------------------ submitting
 
     def submit(self, task: Task, policy: PolicyLike, *, sample: int = 0
-               ) -> Future[RolloutResult]:
+               ) -> AwaitableFuture[RolloutResult]:
         """Start one rollout; blocks while ``max_in_flight`` rollouts are in flight.
 
         The future always resolves to a ``RolloutResult`` (failures are results with
         ``error``). It reports itself running at once and ``future.cancel()`` returns
-        ``False``: an episode in flight is stopped with ``Runner.cancel()``.
+        ``False``: an episode in flight is stopped with ``Runner.cancel()``. It is a
+        ``concurrent.futures.Future`` that asyncio and trio code may also ``await``
+        (``submit_async`` is the twin that waits for a slot without blocking a loop).
 
         Raises ``ConfigurationError`` for a policy that cannot be used with this executor,
         ``EpisodeStateError`` after ``cancel()`` or ``close()``.
@@ -210,6 +281,11 @@ class Runner:
         finishes together). Breaking out of the loop cancels rollouts not yet started;
         Ctrl-C cancels the whole run (see ``cancel()``) and re-raises.
         """
+        return self._iterate(*self._plan(tasks, policy, samples_per_task))
+
+    def _plan(self, tasks: Iterable[Task], policy: PolicyLike, samples_per_task: int
+              ) -> tuple[Iterator[RolloutJob], int | None]:
+        """The jobs of a run, made lazily, and their number when it is known."""
         if samples_per_task < 1:
             raise ConfigurationError(
                 f"samples_per_task must be at least 1, got {samples_per_task}",
@@ -218,8 +294,50 @@ class Runner:
         prepared = self._prepare_policy(policy)
         total = len(tasks) * samples_per_task if isinstance(tasks, Sized) else None
         pairs = ((task, sample) for task in tasks for sample in range(samples_per_task))
-        jobs = (self._make_job(task, prepared, sample) for task, sample in pairs)
-        return self._iterate(jobs, total)
+        return (self._make_job(task, prepared, sample) for task, sample in pairs), total
+
+    # ------------------------------------------------------------------ awaitable twins
+
+    async def submit_async(self, task: Task, policy: PolicyLike, *, sample: int = 0
+                           ) -> AwaitableFuture[RolloutResult]:
+        """`submit` for asyncio / trio code: waits for a free slot without blocking the
+        caller's loop, then returns the rollout's (awaitable) future::
+
+            future = await runner.submit_async(task, policy)
+            result = await future
+        """
+        job = self._make_job(task, self._prepare_policy(policy), sample)
+        self._check_open()
+        if not await take_slot_async(self):
+            raise EpisodeStateError("the runner was cancelled; no new rollouts start",
+                                    hint="create a new Runner", task=job.task.key)
+        return self._start(job)
+
+    def run_async(self, tasks: Iterable[Task], policy: PolicyLike, *,
+                  samples_per_task: int = 1) -> AsyncIterator[RolloutResult]:
+        """`run` for ``async for``: the same rollouts, slots and order, awaited without
+        blocking the caller's loop. Leaving the loop early (or cancelling the consuming
+        task) cancels rollouts not yet started; ``cancel_async()`` stops the run."""
+        return iterate_async(self, *self._plan(tasks, policy, samples_per_task))
+
+    async def cancel_async(self) -> None:
+        """`cancel` for async code (its control-plane calls run in a one-off thread)."""
+        await await_future(in_thread(self.cancel, "fleetenv-runner-cancel"))
+
+    async def close_async(self, timeout_s: float | None = None) -> None:
+        """`close` for async code: waits for running rollouts without blocking the
+        caller's loop (in a one-off thread)."""
+        await await_future(in_thread(lambda: self.close(timeout_s),
+                                     "fleetenv-runner-close"))
+
+    async def __aenter__(self) -> Runner:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is not None:
+            await self.cancel_async()
+        await self.close_async()
 
     def _iterate(self, jobs: Iterator[RolloutJob], total: int | None
                  ) -> Iterator[RolloutResult]:
@@ -243,9 +361,9 @@ class Runner:
                         self._slots.release()
                         exhausted = True
                         break
-                    future = self._start(job)
-                    outstanding.add(future)
-                    future.add_done_callback(finished.put)
+                    started = self._start(job)
+                    outstanding.add(started)
+                    started.add_done_callback(finished.put)
                 if not outstanding:
                     return
                 try:
@@ -280,6 +398,11 @@ class Runner:
             raise ConfigurationError(f"cannot use a {type(policy).__name__} as a policy",
                                      hint="pass a Policy, a PolicySpec, a spec string such "
                                           "as 'reference', or a function of the context")
+        elif is_async_policy(policy) and self.mode in ("threads", "processes"):
+            raise ConfigurationError(
+                f"an async policy cannot run in mode={self.mode!r}",
+                hint="use Runner(mode='asyncio') or the default mode='auto'",
+                field="mode")
         return policy
 
     def _make_job(self, task: Task | Mapping[str, Any], policy: Any, sample: int
@@ -309,16 +432,18 @@ class Runner:
         if self._closed:
             raise EpisodeStateError("the runner is closed", hint="create a new Runner")
 
-    def _start(self, job: RolloutJob) -> Future[RolloutResult]:
+    def _start(self, job: RolloutJob) -> AwaitableFuture[RolloutResult]:
         """Hand the job to the executor (a slot is held); the returned future resolves
         to a result whatever happens to the job."""
-        outer: Future[RolloutResult] = Future()
+        outer: AwaitableFuture[RolloutResult] = AwaitableFuture()
         # Running from the caller's point of view at once: cancelling one rollout's future
         # cannot stop an episode in another thread or process, so it must not pretend to.
         outer.set_running_or_notify_cancel()
         inner: Future[Any]
         try:
-            if self._in_process:
+            if self._on_loop(job.policy):
+                inner = self._loop().start(job)  # the caller's context goes along too
+            elif self._in_process:
                 # The caller's context (its current trace span, say) goes along with
                 # each job: one copy per job, as a context may be entered once at a time.
                 inner = self._executor.submit(contextvars.copy_context().run, run_job, job,
@@ -353,7 +478,11 @@ class Runner:
         finally:
             with self._lock:
                 self._running.pop(outer, None)
+                waiters, self._slot_waiters = self._slot_waiters, []
             self._slots.release()
+            for waiter in waiters:
+                if waiter.set_running_or_notify_cancel():
+                    waiter.set_result(None)
         self._progress.finished(failed=result.error is not None, reward=result.reward)
         if self.traces is not None and not _never_started(result):
             self.traces.submit(result)  # never blocks: a bounded queue, counted if full
@@ -464,8 +593,10 @@ class Runner:
             # instances may be alive); now that every rollout is done, nothing under it
             # is in use, and what is left is a leftover of an uncertain create.
             self._sweep()
-        if self._owns_executor:
-            self._executor.shutdown(wait=not not_done, cancel_futures=True)
+        if self._owns_executor and self._made_executor is not None:
+            self._made_executor.shutdown(wait=not not_done, cancel_futures=True)
+        if self._loop_episodes is not None:
+            self._loop_episodes.stop(wait=not not_done)
         if self.traces is not None:  # before the session closes its HTTP client
             self.traces.close()
         if self._owns_session:
@@ -489,6 +620,23 @@ class Runner:
         if exc_type is not None:
             self.cancel()
         self.close()
+
+
+def _check_mode(mode: object, executor: Executor | None) -> str:
+    """The mode, checked where it is given, and resolved for a given executor."""
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ConfigurationError(f"Runner(mode={mode!r:.40}) is not a known mode",
+                                 hint=f"use one of {', '.join(MODES)}", field="mode")
+    if executor is None:
+        return mode
+    if mode == "asyncio":
+        raise ConfigurationError("mode='asyncio' runs episodes on fleetenv's loop and "
+                                 "takes no executor",
+                                 hint="drop executor=, or use mode='threads' / 'processes'",
+                                 field="mode")
+    if mode == "auto":
+        return "threads" if isinstance(executor, ThreadPoolExecutor) else "processes"
+    return mode
 
 
 def _never_started(result: RolloutResult) -> bool:

@@ -74,9 +74,13 @@ P = ParamSpec("P")
 
 LOOP_THREAD_NAME = "fleetenv-loop"
 
-# How often a blocked caller wakes up to let Python deliver a pending KeyboardInterrupt.
-# An untimed wait is only interrupted by a real SIGINT, not by `_thread.interrupt_main()`
-# (which is how IPython and test harnesses interrupt), so waits are sliced.
+# How often a blocked MAIN thread wakes up to let Python deliver a pending
+# KeyboardInterrupt. An untimed wait is only interrupted by a real SIGINT, not by
+# `_thread.interrupt_main()` (which is how IPython and test harnesses interrupt), so the
+# main thread's waits are sliced. Other threads never receive a KeyboardInterrupt (Python
+# delivers signals to the main thread only), so they block on the future itself and cost
+# nothing while they wait: with hundreds of episodes in worker threads, 10 wake-ups a
+# second each added up to real CPU on the caller's side.
 _WAIT_SLICE_S = 0.1
 # After cancelling loop-side work, how long a caller waits for it to finish unwinding
 # before re-raising (so "Ctrl-C leaves nothing running" holds in the common case).
@@ -348,9 +352,11 @@ def _wait(
     what: str,
 ) -> T:
     deadline = None if watchdog is None else time.monotonic() + watchdog
+    # Only the main thread can be interrupted by a signal: only it wakes up periodically.
+    sliced = threading.current_thread() is threading.main_thread()
     try:
         while True:
-            slice_s = _WAIT_SLICE_S
+            slice_s: float | None = _WAIT_SLICE_S if sliced else None
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -359,7 +365,7 @@ def _wait(
                         "did not stop it",
                         hint="the loop thread may be blocked by non-async code; report a bug",
                     )
-                slice_s = min(slice_s, remaining)
+                slice_s = remaining if slice_s is None else min(slice_s, remaining)
             try:
                 # returns as soon as the future is done; raises CancelledError if cancelled
                 error = future.exception(timeout=slice_s)

@@ -1,0 +1,603 @@
+"""Whole episodes at scale: fleetenv's Runner (thread and asyncio modes) vs pure asyncio.
+
+The workload, identical on every side: N concurrent episodes of the helpdesk app, each
+creating an instance, opening its MCP tools, making M sequential calls of a cheap read
+tool (``ticket_stats(group_by="status")``), ending the session and deleting the instance,
+against ONE local Fleet running in a CHILD process (``LocalFleet(in_process=False)``), so
+the server's CPU does not compete with the client's for this process's GIL.
+
+  * fleetenv: ``Runner(workers=N, mode=...)`` with a synchronous policy returning one
+    ``ToolCall`` per turn (``run_episode`` -> ``FleetEnv.step`` -> MCP, results rendered
+    to chat messages as in a real rollout). Each mode the installed Runner offers is run;
+    a Runner without ``mode=`` runs its only (thread) mode, with a printed note.
+  * asyncio: fleet-python's ASYNC client to create and delete the instance, a raw
+    ``mcp`` ``streamable_http_client`` + ``ClientSession`` for the tools, and
+    ``asyncio.gather`` over the episodes. Creation is capped at the same number in
+    flight as fleetenv's ``max_creating_instances`` (``--creating``).
+
+Per size the variants run interleaved (the order rotates from size to size), and for each
+the script prints: wall time and the ratio asyncio time / fleetenv time (> 1: fleetenv is
+faster), client CPU per tool call (this process's CPU over the whole phase divided by the
+tool calls; for fleetenv also the loop thread's share), HTTP requests and TCP connections
+per episode (counted at the HTTP transports both sides use: httpcore2 for MCP, httpcore
+for fleet-python, urllib3 for fleetenv's manager API), peak threads, peak RSS growth per
+episode, and failed episodes.
+
+``--open-only N`` measures holding N episodes open instead (reset done, MCP session open,
+nothing called): fleetenv envs of one ``Session`` opened with ``reset_async`` on one
+asyncio loop (``--opening`` at once) against
+raw sessions opened the same way, reporting memory per open episode (RSS after a
+``gc.collect``), file descriptors and threads. The soft ``RLIMIT_NOFILE`` is raised to the
+hard limit first (the Fleet child inherits it).
+
+    python tests/benchmarks/bench_scale.py [--sizes 1,16,64,256,1024] [--calls 12]
+    python tests/benchmarks/bench_scale.py --open-only 2000
+    python tests/benchmarks/bench_scale.py --profile 16
+
+``--profile N`` runs one batch of N episodes per side under cProfile timing thread CPU
+(fleetenv's loop thread; the asyncio program's only thread) and prints where the CPU of
+a tool call goes, by package and by function.
+
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import inspect
+import json
+import os
+import resource
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for bench_rollouts
+
+import fleet
+from bench_rollouts import ThreadSampler
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+import fleetenv
+from fleetenv import runtime
+from fleetenv.core.config import FleetConfig, resolve_config
+from fleetenv.core.event_bus import EventBus
+from fleetenv.core.tasks import Task
+from fleetenv.env.actions import Done, ToolCall
+from fleetenv.env.fleet_env import FleetEnv
+from fleetenv.fleet.session import Session
+from fleetenv.local import LocalFleet
+from fleetenv.rollouts.policy import PolicyContext, Reply
+from fleetenv.rollouts.runner import Runner
+
+TOOL = "ticket_stats"
+ARGUMENTS = {"group_by": "status"}
+ENV_KEY = "helpdesk"
+DATA_KEY = "helpdesk-seed:v1"
+LOOP_THREAD_NAME = "fleetenv-loop"
+PHASE_TIMEOUT_S = 1800.0
+
+TASK = Task(key="bench-scale", env_key="helpdesk", data_key="helpdesk-seed",
+            data_version="v1", prompt="Count the tickets by status, many times.")
+
+
+# ----------------------------------------------------------------------------- counting
+
+class WireCounter:
+    """Counts HTTP requests and new TCP connections at the transports both sides use.
+
+    Patched once for the whole process (a benchmark only): httpcore2 (httpx2, which
+    ``mcp`` and fleetenv's MCP use), httpcore (httpx, fleet-python's clients) and urllib3
+    (``requests``, fleetenv's manager API). Phases run one after another, so a phase's
+    counts are the difference of two snapshots.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.connections = 0
+
+    def snapshot(self) -> tuple[int, int]:
+        with self._lock:
+            return self.requests, self.connections
+
+    def _bump(self, requests: int = 0, connections: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.connections += connections
+
+    def install(self) -> WireCounter:
+        import httpcore
+        import httpcore2
+        import urllib3.connection
+        from httpcore._backends.anyio import AnyIOBackend as AnyIO1
+        from httpcore._backends.sync import SyncBackend
+        from httpcore2._backends.anyio import AnyIOBackend as AnyIO2
+
+        counter = self
+
+        def wrap_async(cls: Any, name: str, kind: str) -> None:
+            original = getattr(cls, name)
+
+            async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+                counter._bump(**{kind: 1})
+                return await original(self, *args, **kwargs)
+
+            setattr(cls, name, counted)
+
+        def wrap_sync(cls: Any, name: str, kind: str) -> None:
+            original = getattr(cls, name)
+
+            def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+                counter._bump(**{kind: 1})
+                return original(self, *args, **kwargs)
+
+            setattr(cls, name, counted)
+
+        wrap_async(httpcore2.AsyncConnectionPool, "handle_async_request", "requests")
+        wrap_async(httpcore.AsyncConnectionPool, "handle_async_request", "requests")
+        wrap_sync(httpcore.ConnectionPool, "handle_request", "requests")
+        wrap_sync(urllib3.connectionpool.HTTPConnectionPool, "urlopen", "requests")
+        wrap_async(AnyIO2, "connect_tcp", "connections")
+        wrap_async(AnyIO1, "connect_tcp", "connections")
+        wrap_sync(SyncBackend, "connect_tcp", "connections")
+        wrap_sync(urllib3.connection.HTTPConnection, "_new_conn", "connections")
+        return self
+
+
+class Sampler(ThreadSampler):
+    """``ThreadSampler`` (peak threads) that also records the peak RSS."""
+
+    def __init__(self, interval_s: float = 0.01) -> None:
+        super().__init__(interval_s)
+        self.peak_rss = rss_bytes()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            threads = threading.enumerate()
+            self.peak_threads = max(self.peak_threads, len(threads) - 1)
+            self.peak_rss = max(self.peak_rss, rss_bytes())
+            self._stop.wait(self.interval_s)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def loop_thread_cpu_s() -> float:
+    """CPU seconds of fleetenv's loop thread so far (0 when it is not running)."""
+    for thread in threading.enumerate():
+        if thread.name == LOOP_THREAD_NAME and thread.ident is not None:
+            with contextlib.suppress(OSError):
+                return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return 0.0
+
+
+def raise_fd_limit() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+# ----------------------------------------------------------------------------- fleetenv
+
+class CallsPolicy:
+    """``calls`` turns of one ``ToolCall`` each, then ``Done``."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls = calls
+
+    def act(self, context: PolicyContext) -> Reply:
+        if context.turn < self.calls:
+            return Reply.from_actions([ToolCall(TOOL, dict(ARGUMENTS))])
+        return Reply.from_actions([Done()])
+
+
+def runner_modes() -> list[str]:
+    """The Runner modes to measure: both when ``Runner(mode=)`` exists, else threads."""
+    if "mode" in inspect.signature(Runner.__init__).parameters:
+        return ["threads", "asyncio"]
+    print("note: this Runner has no mode= argument; measuring its thread mode only",
+          flush=True)
+    return ["threads"]
+
+
+def fleetenv_phase(config: FleetConfig, mode: str, episodes: int, calls: int) -> dict[str, Any]:
+    options: dict[str, Any] = {"workers": episodes, "config": config,
+                               "events": EventBus(sinks=[]), "progress": False}
+    if "mode" in inspect.signature(Runner.__init__).parameters:
+        options["mode"] = mode
+    started, cpu, loop_cpu = time.perf_counter(), time.process_time(), loop_thread_cpu_s()
+    with Runner(**options) as runner:
+        results = list(runner.run([TASK], CallsPolicy(calls), samples_per_task=episodes))
+    seconds = time.perf_counter() - started
+    failed = [r for r in results if r.error or r.tool_calls != calls or r.tool_errors]
+    if failed:
+        example = failed[0]
+        print(f"  fleetenv/{mode}: {len(failed)} failed, e.g. error={example.error!r} "
+              f"tool_calls={example.tool_calls} errors={example.tool_error_messages[:1]}",
+              flush=True)
+    return {"seconds": seconds, "cpu_s": time.process_time() - cpu,
+            "loop_cpu_s": loop_thread_cpu_s() - loop_cpu,
+            "failed": len(failed) + episodes - len(results)}
+
+
+# ----------------------------------------------------------------------------- asyncio
+
+async def raw_episode(client: Any, creating: asyncio.Semaphore, calls: int) -> None:
+    async with creating:
+        env = await client.make(ENV_KEY, data_key=DATA_KEY)
+    try:
+        async with (
+            streamable_http_client(f"{env.urls.root}mcp") as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            await session.list_tools()
+            for _ in range(calls):
+                result = await session.call_tool(TOOL, dict(ARGUMENTS))
+                if result.is_error:
+                    raise RuntimeError(f"tool error: {result.content}")
+    finally:
+        await env.close()
+
+
+async def raw_batch(fleet_url: str, token: str, episodes: int, calls: int,
+                    creating: int) -> int:
+    client = fleet.AsyncFleet(api_key=token, base_url=fleet_url, max_retries=0, timeout=120.0)
+    limit = asyncio.Semaphore(creating)
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(raw_episode(client, limit, calls) for _ in range(episodes)),
+                       return_exceptions=True), PHASE_TIMEOUT_S)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    if failed:
+        print(f"  asyncio: {len(failed)} failed, e.g. {failed[0]!r}", flush=True)
+    with contextlib.suppress(Exception):
+        await client.client.httpx_client.aclose()
+    return len(failed)
+
+
+def asyncio_phase(fleet_url: str, token: str, episodes: int, calls: int,
+                  creating: int) -> dict[str, Any]:
+    started, cpu = time.perf_counter(), time.process_time()
+    failed = asyncio.run(raw_batch(fleet_url, token, episodes, calls, creating))
+    return {"seconds": time.perf_counter() - started, "cpu_s": time.process_time() - cpu,
+            "failed": failed}
+
+
+# ----------------------------------------------------------------------------- one size
+
+def measured(counter: WireCounter, episodes: int, calls: int,
+             run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    gc.collect()
+    requests0, connections0 = counter.snapshot()
+    rss0 = rss_bytes()
+    with Sampler() as sampler:
+        row = run()
+    requests1, connections1 = counter.snapshot()
+    row.update(
+        requests_per_episode=(requests1 - requests0) / episodes,
+        connections_per_episode=(connections1 - connections0) / episodes,
+        cpu_ms_per_call=row["cpu_s"] / (episodes * calls) * 1e3,
+        peak_threads=sampler.peak_threads,
+        peak_rss_mb_per_episode=max(0, sampler.peak_rss - rss0) / episodes / 2**20,
+    )
+    if "loop_cpu_s" in row:
+        row["loop_cpu_ms_per_call"] = row["loop_cpu_s"] / (episodes * calls) * 1e3
+    return row
+
+
+def run_sizes(options: argparse.Namespace, counter: WireCounter) -> dict[str, Any]:
+    sizes = [int(size) for size in options.sizes.split(",") if size.strip()]
+    modes = runner_modes()
+    largest = max(sizes)
+    report: dict[str, Any] = {"calls": options.calls, "sizes": {}}
+    with LocalFleet(in_process=False, instance_limit=2 * largest + 16) as local:
+        config = resolve_config(api_key=local.token, base_url=local.base_url,
+                                max_live_instances=max(64, largest),
+                                max_creating_instances=options.creating)
+        variants: list[tuple[str, Callable[[int], dict[str, Any]]]] = [
+            (f"fleetenv/{mode}",
+             lambda n, mode=mode: fleetenv_phase(config, mode, n, options.calls))
+            for mode in modes]
+        variants.append(("asyncio", lambda n: asyncio_phase(
+            local.base_url, local.token, n, options.calls, options.creating)))
+        # warm up every path (imports, SSL context, the Fleet child's apps)
+        for _name, run in variants:
+            run(2)
+        for index, size in enumerate(sizes):
+            rotation = index % len(variants)
+            order = variants[rotation:] + variants[:rotation]
+            rows: dict[str, dict[str, Any]] = {}
+            for name, run in order:
+                rows[name] = measured(counter, size, options.calls,
+                                      lambda run=run, size=size: run(size))
+            print_size(size, options.calls, rows)
+            report["sizes"][str(size)] = {name: rounded(row) for name, row in rows.items()}
+    return report
+
+
+def print_size(size: int, calls: int, rows: dict[str, dict[str, Any]]) -> None:
+    raw = rows["asyncio"]
+    print(f"\n{size} concurrent episodes x {calls} calls (whole episodes):", flush=True)
+    for name, row in rows.items():
+        ratio = "" if name == "asyncio" else f"  ratio {raw['seconds'] / row['seconds']:.2f}"
+        loop = (f" (loop thread {row['loop_cpu_ms_per_call']:.2f})"
+                if "loop_cpu_ms_per_call" in row else "")
+        print(f"  {name:17s} {row['seconds']:7.2f} s{ratio}  CPU/call "
+              f"{row['cpu_ms_per_call']:.2f} ms{loop}  HTTP req/ep "
+              f"{row['requests_per_episode']:.1f}  conns/ep "
+              f"{row['connections_per_episode']:.2f}  peak threads {row['peak_threads']}  "
+              f"peak RSS/ep {row['peak_rss_mb_per_episode']:.2f} MB  failed {row['failed']}",
+              flush=True)
+        if name != "asyncio":
+            row["ratio"] = raw["seconds"] / row["seconds"]
+
+
+def rounded(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: round(value, 3) if isinstance(value, float) else value
+            for key, value in row.items()}
+
+
+# ----------------------------------------------------------------------------- open only
+
+async def open_fleetenv(session: Session, count: int, opening: int
+                        ) -> tuple[list[FleetEnv], int]:
+    limit = asyncio.Semaphore(opening)
+    envs: list[FleetEnv] = []
+    failed = 0
+
+    async def one() -> None:
+        nonlocal failed
+        env = FleetEnv(TASK, session=session)
+        async with limit:
+            try:
+                await env.reset_async()
+                envs.append(env)
+            except Exception as exc:
+                failed += 1
+                if failed == 1:
+                    print(f"  first failure: {exc!r}", flush=True)
+                await env.close_async(grade=False)
+
+    await asyncio.gather(*(one() for _ in range(count)))
+    return envs, failed
+
+
+async def hold_raw(fleet_url: str, token: str, count: int, opening: int,
+                   measure: Callable[[int, int], None]) -> int:
+    client = fleet.AsyncFleet(api_key=token, base_url=fleet_url, max_retries=0, timeout=300.0)
+    limit = asyncio.Semaphore(opening)
+    ready = 0
+    failed = 0
+    release = asyncio.Event()
+    all_settled = asyncio.Event()
+
+    def settled() -> None:
+        if ready + failed == count:
+            all_settled.set()
+
+    async def one() -> None:
+        nonlocal ready, failed
+        env = None
+        try:
+            async with limit:
+                env = await client.make(ENV_KEY, data_key=DATA_KEY)
+                stack = contextlib.AsyncExitStack()
+                read, write = await stack.enter_async_context(
+                    streamable_http_client(f"{env.urls.root}mcp"))
+                session = await stack.enter_async_context(ClientSession(read, write))
+                await session.initialize()
+                await session.list_tools()
+            ready += 1
+            settled()
+            async with stack:
+                await release.wait()
+        except Exception as exc:
+            failed += 1
+            if failed == 1:
+                print(f"  first raw failure: {exc!r}", flush=True)
+            settled()
+        finally:
+            if env is not None:
+                with contextlib.suppress(Exception):
+                    await env.close()
+
+    tasks = [asyncio.ensure_future(one()) for _ in range(count)]
+    await asyncio.wait_for(all_settled.wait(), PHASE_TIMEOUT_S)
+    measure(ready, failed)
+    release.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return failed
+
+
+def run_open_only(options: argparse.Namespace) -> dict[str, Any]:
+    count = options.open_only
+    report: dict[str, Any] = {"open_only": count, "fd_limit": resource.getrlimit(
+        resource.RLIMIT_NOFILE)[0]}
+    with LocalFleet(in_process=False, instance_limit=count + 16) as local:
+        config = resolve_config(api_key=local.token, base_url=local.base_url,
+                                max_live_instances=count + 16,
+                                max_creating_instances=options.creating)
+        warm = FleetEnv(TASK, config=config, events=EventBus(sinks=[]))
+        warm.reset()
+        warm.close(grade=False)
+        gc.collect()
+        rss0, fds0, threads0 = rss_bytes(), open_fds(), threading.active_count()
+        started = time.perf_counter()
+        loop = asyncio.new_event_loop()
+        session = Session(config, events=EventBus(sinks=[]))  # one, as a Runner has
+        envs, failed = loop.run_until_complete(open_fleetenv(session, count, options.opening))
+        gc.collect()
+        row = {"open": len(envs), "failed": failed,
+               "seconds_to_open": round(time.perf_counter() - started, 1),
+               "mb_per_open_episode": round((rss_bytes() - rss0) / max(1, len(envs)) / 2**20, 3),
+               "fds": open_fds() - fds0, "threads": threading.active_count() - threads0}
+        print(f"fleetenv: {row}", flush=True)
+        report["fleetenv"] = row
+
+        async def close_all(opened: list[FleetEnv]) -> None:
+            await asyncio.gather(*(env.close_async(grade=False) for env in opened),
+                                 return_exceptions=True)
+
+        loop.run_until_complete(close_all(envs))
+        session.close()
+        loop.close()
+        del envs
+        gc.collect()
+
+        raw_row: dict[str, Any] = {}
+
+        def measure(ready: int, failed: int) -> None:
+            gc.collect()
+            raw_row.update(open=ready, failed=failed,
+                           mb_per_open_episode=round((rss_bytes() - rss1) / max(1, ready)
+                                                     / 2**20, 3),
+                           fds=open_fds() - fds1, threads=threading.active_count() - threads1)
+
+        rss1, fds1, threads1 = rss_bytes(), open_fds(), threading.active_count()
+        asyncio.run(hold_raw(local.base_url, local.token, count, options.opening, measure))
+        print(f"asyncio:  {raw_row}", flush=True)
+        report["asyncio"] = raw_row
+    return report
+
+
+# ----------------------------------------------------------------------------- profile
+
+_PACKAGES = ("fleetenv", "mcp_types", "mcp", "httpx2", "httpcore2", "httpx", "httpcore",
+             "h11", "anyio", "pydantic", "fleet", "asyncio", "json", "ssl", "socket")
+
+
+def _package(filename: str) -> str:
+    if filename.startswith("~") or filename.startswith("<"):
+        return "builtins (C)"
+    parts = filename.replace("\\", "/").split("/")
+    for marker in ("site-packages", "fleetenv"):
+        if marker in parts:
+            index = parts.index(marker)
+            name = parts[index + 1] if marker == "site-packages" else "fleetenv"
+            return name.split(".")[0]
+    for package in _PACKAGES:
+        if package in parts:
+            return package
+    return "stdlib/other"
+
+
+def cpu_profile_report(profiler: Any, calls: int, title: str, top: int = 18) -> dict[str, float]:
+    """Print where the CPU went (cProfile with a thread-CPU timer): by package (own time)
+    and the top functions; returns ms per tool call by package."""
+    import pstats
+
+    stats = pstats.Stats(profiler)
+    by_package: dict[str, float] = {}
+    rows = []
+    for (filename, line, name), (_cc, _nc, tottime, _cum, _callers) in stats.stats.items():
+        package = _package(filename)
+        by_package[package] = by_package.get(package, 0.0) + tottime
+        rows.append((tottime, f"{Path(filename).name}:{line}({name})", package))
+    total = sum(by_package.values())
+    print(f"\n{title}: {total / calls * 1e3:.2f} ms CPU per tool call, by package (own time):")
+    shares = {}
+    for package, seconds in sorted(by_package.items(), key=lambda item: -item[1]):
+        shares[package] = round(seconds / calls * 1e3, 3)
+        if seconds / total >= 0.01:
+            print(f"  {seconds / calls * 1e3:6.3f} ms  {seconds / total:5.1%}  {package}")
+    print("  top functions (own time per tool call):")
+    for tottime, where, package in sorted(rows, reverse=True)[:top]:
+        print(f"  {tottime / calls * 1e3:6.3f} ms  {package:12s} {where}")
+    return shares
+
+
+def run_profile(options: argparse.Namespace) -> dict[str, Any]:
+    """One batch of each side with cProfile timing thread CPU: fleetenv's loop thread
+    (and its worker threads' share of the process CPU), and the asyncio program."""
+    import cProfile
+
+    size, calls = options.profile, options.calls
+    report: dict[str, Any] = {"profile": size, "calls": calls}
+    with LocalFleet(in_process=False, instance_limit=2 * size + 16) as local:
+        config = resolve_config(api_key=local.token, base_url=local.base_url,
+                                max_live_instances=max(64, size),
+                                max_creating_instances=options.creating)
+        mode = runner_modes()[-1]
+        fleetenv_phase(config, mode, 2, calls)  # warm up
+        asyncio_phase(local.base_url, local.token, 2, calls, options.creating)
+        profiler = cProfile.Profile(time.thread_time)
+
+        async def enable() -> None:
+            profiler.enable()
+
+        async def disable() -> None:
+            profiler.disable()
+
+        runtime.call(enable)
+        try:
+            row = fleetenv_phase(config, mode, size, calls)
+        finally:
+            runtime.call(disable)
+        total_calls = size * calls
+        print(f"\nfleetenv/{mode}: process CPU {row['cpu_s'] / total_calls * 1e3:.2f} ms per "
+              f"tool call, of which the loop thread "
+              f"{row['loop_cpu_s'] / total_calls * 1e3:.2f} ms (profiled, so slower)")
+        report["fleetenv_loop"] = cpu_profile_report(
+            profiler, total_calls, f"fleetenv/{mode} loop thread")
+        raw_profiler = cProfile.Profile(time.thread_time)
+        raw_profiler.enable()
+        try:
+            asyncio_phase(local.base_url, local.token, size, calls, options.creating)
+        finally:
+            raw_profiler.disable()
+        report["asyncio"] = cpu_profile_report(raw_profiler, total_calls, "asyncio program")
+    return report
+
+
+# ----------------------------------------------------------------------------- main
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1,16,64,256,1024",
+                        help="concurrent episodes, comma-separated")
+    parser.add_argument("--calls", type=int, default=12, help="tool calls per episode")
+    parser.add_argument("--creating", type=int, default=16,
+                        help="instance creations in flight at once (both sides)")
+    parser.add_argument("--open-only", type=int, default=0, metavar="N",
+                        help="only measure holding N open episodes")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="only profile one batch of N episodes on each side")
+    parser.add_argument("--opening", type=int, default=64,
+                        help="with --open-only: episodes opening at once")
+    options = parser.parse_args()
+    fd_limit = raise_fd_limit()
+    print(f"fleetenv from {Path(fleetenv.__file__).parent}; fd limit {fd_limit}; "
+          f"{os.cpu_count()} CPUs", flush=True)
+    counter = WireCounter().install()
+    try:
+        if options.open_only:
+            report = run_open_only(options)
+        elif options.profile:
+            report = run_profile(options)
+        else:
+            report = run_sizes(options, counter)
+    finally:
+        runtime.shutdown()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
