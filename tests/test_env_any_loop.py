@@ -81,3 +81,31 @@ def test_cancelling_a_trio_task_mid_reset_leaves_no_instance(local_fleet: LocalF
     # created must still be deleted, not left running until its TTL.
     wait_for(lambda: not (running() - before), timeout=30,
              what="the instance of the cancelled reset to be deleted")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_close_cut_short_by_a_timeout_still_deletes_the_instance(
+        local_fleet: LocalFleet, local_faults: Any, backend: str) -> None:
+    # A trainer bounds its cleanup: `with move_on_after(...)` / `asyncio.wait_for`
+    # around close_async(). Cut while the verifier grades, the close's own cleanup
+    # (MCP sessions, the instance) must still run, and Python must not report a plan
+    # "generator ignored GeneratorExit" (pytest turns that into an error here).
+    def running() -> set[str]:
+        return {i["instance_id"] for i in local_fleet.instances(status="running")}
+
+    before = running()
+    instance: list[str | None] = []
+
+    async def main() -> None:
+        env = FleetEnv(TASK, api_key=local_fleet.token, base_url=local_fleet.base_url)
+        await env.reset_async()
+        instance.append(env.instance_id)
+        local_faults.add("verifier_delay", seconds=5, times=1)
+        with anyio.move_on_after(0.5) as scope:  # cut while grading
+            await env.close_async()
+        assert scope.cancelled_caught
+
+    anyio.run(main, backend=backend)
+    assert instance[0] is not None
+    wait_for(lambda: not (running() - before), timeout=30,
+             what="the instance of the cut-short close to be deleted")

@@ -18,14 +18,19 @@ the runtime.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Generator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fleetenv.runtime import loop as runtime
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 #: Worker threads for the blocking half of the async twins. Sized for many concurrent
 #: episodes whose provisioning blocks for a long time (asyncio's default executor has
@@ -38,6 +43,12 @@ def _blocking_pool() -> ThreadPoolExecutor:
     if _BLOCKING_POOL is None:
         _BLOCKING_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fleetenv-io")
     return _BLOCKING_POOL
+
+
+#: Where `run_async` runs `Blocking` operations when set (in the caller's context): the
+#: Runner's asyncio mode bounds the threads of its episodes with its own pool this way.
+blocking_executor: ContextVar[Executor | None] = ContextVar("fleetenv_blocking_executor",
+                                                            default=None)
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,9 @@ def run_sync(plan: Plan[T]) -> T:
                 value = runtime.call(op.fn, *op.args, timeout=op.timeout)
         except Exception as exc:
             error = exc
+        except BaseException as exc:  # Ctrl-C: the plan's cleanup goes on elsewhere
+            _unwind_later(plan, exc)
+            raise
 
 
 async def run_async(plan: Plan[T]) -> T:
@@ -89,9 +103,49 @@ async def run_async(plan: Plan[T]) -> T:
         value, error = None, None
         try:
             if isinstance(op, Blocking):
-                value = await runtime.await_future(
-                    _blocking_pool().submit(op.fn, *op.args))
+                pool = blocking_executor.get() or _blocking_pool()
+                value = await runtime.await_future(pool.submit(op.fn, *op.args))
             else:
                 value = await runtime.call_async(op.fn, *op.args, timeout=op.timeout)
+        except Exception as exc:
+            error = exc
+        except BaseException as exc:  # cancelled: the plan's cleanup goes on elsewhere
+            _unwind_later(plan, exc)
+            raise
+
+
+def _unwind_later(plan: Plan[Any], interruption: BaseException) -> None:
+    """Finish an interrupted plan's cleanup on a worker thread; the caller leaves now.
+
+    Why: a plan stopped at a ``yield`` by Ctrl-C or a cancelled ``await`` (say
+    ``asyncio.wait_for(env.close_async(), 5)``) would otherwise be dropped half-way. Its
+    ``finally`` blocks (closing MCP sessions, deleting the instance) then never ran, and
+    when the generator was collected Python reported "generator ignored GeneratorExit".
+    Here the interruption is thrown into the plan, as it would be into ordinary code,
+    and the operations its cleanup yields still run, each with its own timeout.
+    """
+    with contextlib.suppress(RuntimeError):  # shutting down: the exit hooks delete
+        _blocking_pool().submit(_unwind, plan, interruption)
+
+
+def _unwind(plan: Plan[Any], interruption: BaseException) -> None:
+    value: Any = None
+    error: BaseException | None = interruption
+    while True:
+        try:
+            op = plan.send(value) if error is None else plan.throw(error)
+        except StopIteration:
+            return
+        except type(interruption):  # the interruption came back out: cleanup is done
+            return
+        except Exception:
+            logger.warning("cleanup after an interrupted call failed", exc_info=True)
+            return
+        value, error = None, None
+        try:
+            if isinstance(op, Blocking):
+                value = op.fn(*op.args)
+            else:
+                value = runtime.call(op.fn, *op.args, timeout=op.timeout)
         except Exception as exc:
             error = exc

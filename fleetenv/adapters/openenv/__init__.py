@@ -18,6 +18,10 @@ Porting is one changed import line::
   is installed; resolved on first use, since importing ``openenv`` takes seconds.
 
 ``docs/porting.md`` maps the original's API line by line.
+
+The OpenEnv *server* (Fleet tasks for any OpenEnv client; ``fleetenv serve openenv``) is
+``fleetenv.adapters.openenv.server``; ``FleetOpenEnvEnvironment``,
+``FleetServerSettings`` and ``OpenEnvServer`` are also resolved here on first use.
 """
 
 from __future__ import annotations
@@ -60,9 +64,12 @@ __all__ = [
     "FleetEnvClient",
     "FleetMCPTools",
     "FleetObservation",
+    "FleetOpenEnvEnvironment",
+    "FleetServerSettings",
     "FleetState",
     "FleetTaskEnv",
     "ListToolsAction",
+    "OpenEnvServer",
     "StepResult",
     "TaskEvaluator",
     "clear_task_context",
@@ -78,9 +85,16 @@ _LAZY_TYPES = frozenset({"CallToolAction", "FleetAction", "FleetObservation", "F
                          "ListToolsAction", "StepResult"})
 
 
+_LAZY_SERVER = frozenset({"FleetOpenEnvEnvironment", "FleetServerSettings", "OpenEnvServer"})
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY_TYPES:
         from fleetenv.adapters.openenv import types
 
         return getattr(types, name)
+    if name in _LAZY_SERVER:
+        from fleetenv.adapters.openenv import server
+
+        return getattr(server, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

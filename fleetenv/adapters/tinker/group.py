@@ -1,0 +1,221 @@
+"""``FleetEnvGroupBuilder``: one Fleet task, ``group_size`` episodes, for Tinker.
+
+Why it holds only plain values: the cookbook pickles group builders to send them to
+rollout workers (``set_rollout_executor``), so a builder keeps the task, names and
+numbers, and makes everything heavy (tokenizer, renderer, FleetEnvs, the session) in
+``make_envs()``, in the process that plays the episodes. The Fleet API key is never a
+field: it is read from ``FLEET_API_KEY`` where the episodes run.
+
+Why provisioning happens in ``Env.initial_observation`` and not in ``make_envs``: the
+cookbook's rollout strategies start every member of a group at once (``asyncio.gather``),
+so the group's instances are provisioned concurrently anyway, and all of a process's
+envs share one fleetenv session whose caps (``max_creating_instances``,
+``max_live_instances``) bound how many are created and live at once. A member that is
+never started (``RetryOnFailure`` calls ``make_envs()`` for a whole group to use one)
+costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fleetenv.adapters.tinker import _cookbook as cb
+from fleetenv.adapters.tinker.env import DEFAULT_SYSTEM_PROMPT, FleetTinkerEnv
+from fleetenv.adapters.tinker.metrics import ToolCallTap
+from fleetenv.core.config import finite_reward
+from fleetenv.core.errors import ConfigurationError
+from fleetenv.core.tasks import Task
+from fleetenv.env.fleet_env import FleetEnv
+from fleetenv.fleet.session import Session, default_session
+
+__all__ = ["FleetEnvGroupBuilder", "session_for"]
+
+logger = logging.getLogger(__name__)
+
+#: FleetEnv options a builder passes through (the rest are this adapter's own).
+_ENV_OPTIONS = frozenset({
+    "max_steps", "ttl_seconds", "episode_deadline_s", "max_text_chars", "run_tag",
+    "check_arguments", "tool_error_rule", "partial_reward", "context_tools", "meta_tools",
+    "tool_call_format", "no_tool_call",
+})
+
+_closer: ThreadPoolExecutor | None = None
+_closer_lock = threading.Lock()
+
+
+def _closer_pool() -> ThreadPoolExecutor:
+    """The threads ``cleanup()`` closes episodes in (made on first use)."""
+    global _closer
+    with _closer_lock:
+        if _closer is None:
+            _closer = ThreadPoolExecutor(max_workers=16,
+                                         thread_name_prefix="fleetenv-tinker-cleanup")
+        return _closer
+
+
+_sessions: dict[tuple[int, str, tuple[tuple[str, str], ...]], Session] = {}
+_sessions_lock = threading.Lock()
+
+
+def session_for(base_url: str | None = None,
+                settings: Mapping[str, Any] | None = None) -> Session:
+    """The process's session for ``base_url`` and FleetConfig ``settings``.
+
+    Without either: fleetenv's default session (``FLEET_API_KEY`` / ``FLEET_BASE_URL``,
+    or the embedded local Fleet without a key). Otherwise one session per distinct
+    ``(base_url, settings)`` in this process, shared by every group, so the caps hold
+    across groups; its API key comes from ``FLEET_API_KEY``.
+    """
+    if base_url is None and not settings:
+        return default_session()
+    import os
+
+    key = (os.getpid(), base_url or "",
+           tuple(sorted((name, repr(value)) for name, value in (settings or {}).items())))
+    with _sessions_lock:
+        session = _sessions.get(key)
+        if session is None or session.closed:
+            session = _sessions[key] = Session(base_url=base_url, **dict(settings or {}))
+        return session
+
+
+class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):
+    """A Tinker ``EnvGroupBuilder``: ``group_size`` episodes of one Fleet ``task``.
+
+    ``model_name`` names the tokenizer (a Hugging Face model id, a local directory, or a
+    name registered with ``tinker_cookbook.tokenizer_utils.register_tokenizer``);
+    ``renderer_name`` the cookbook renderer (default: the one the cookbook recommends
+    for the model). ``env_options`` are :class:`fleetenv.FleetEnv` options
+    (``max_steps``, ``episode_deadline_s``, ``partial_reward``, ``no_tool_call``, ...).
+    ``base_url`` / ``fleet_settings`` pick the session (:func:`session_for`).
+
+    Rewards: the episode's grade; ``unknown_reward`` when the grade is unknown;
+    ``failed_parse_reward`` for a turn that cannot be read (see
+    :class:`~fleetenv.adapters.tinker.FleetTinkerEnv`). ``cleanup()`` closes whatever
+    is still open, at most ``cleanup_timeout_s``, and never raises.
+    """
+
+    def __init__(self, task: Task | Mapping[str, Any], *, group_size: int, model_name: str,
+                 renderer_name: str | None = None,
+                 system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+                 failed_parse_reward: float = -1.0,
+                 terminate_on_parse_error: bool = True,
+                 unknown_reward: float = 0.0,
+                 max_trajectory_tokens: int | None = None,
+                 env_options: Mapping[str, Any] | None = None,
+                 base_url: str | None = None,
+                 fleet_settings: Mapping[str, Any] | None = None,
+                 cleanup_timeout_s: float = 60.0,
+                 tags: Sequence[str] = ()) -> None:
+        self.task = task if isinstance(task, Task) else Task.model_validate(dict(task))
+        if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+            raise ConfigurationError(f"group_size must be a positive int, got {group_size!r}",
+                                     hint="e.g. group_size=8 (episodes per task)",
+                                     field="group_size")
+        if not isinstance(model_name, str) or not model_name:
+            raise ConfigurationError("model_name must name the tokenizer",
+                                     hint='e.g. model_name="Qwen/Qwen3-8B"',
+                                     field="model_name")
+        unknown = set(env_options or {}) - _ENV_OPTIONS
+        if unknown:
+            raise ConfigurationError(
+                f"unknown FleetEnv option(s) in env_options: {', '.join(sorted(unknown))}",
+                hint=f"use {', '.join(sorted(_ENV_OPTIONS))}", field="env_options")
+        self.group_size = group_size
+        self.model_name = model_name
+        self.renderer_name = renderer_name
+        self.system_prompt = system_prompt
+        self.failed_parse_reward = finite_reward(
+            failed_parse_reward, field="failed_parse_reward",
+            hint="e.g. failed_parse_reward=-1.0 (the cookbook's default)")
+        self.terminate_on_parse_error = bool(terminate_on_parse_error)
+        self.unknown_reward = finite_reward(unknown_reward, field="unknown_reward",
+                                            hint="e.g. unknown_reward=0.0 (the default)")
+        self.max_trajectory_tokens = max_trajectory_tokens
+        self.env_options = dict(env_options or {})
+        self.base_url = base_url
+        self.fleet_settings = dict(fleet_settings or {})
+        self.cleanup_timeout_s = float(cleanup_timeout_s)
+        self.tags = list(tags)
+        self._envs: list[FleetEnv] = []
+        self._renderer: Any = None
+
+    def __repr__(self) -> str:
+        return (f"<FleetEnvGroupBuilder task={self.task.key!r} group_size={self.group_size}"
+                f" model={self.model_name!r}>")
+
+    # Pickled without the live parts: a copy sent to a worker makes its own.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_envs"] = []
+        state["_renderer"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # ---------------------------------------------------------------- EnvGroupBuilder
+
+    def renderer(self) -> Any:
+        """The cookbook renderer for ``model_name`` (made once per builder copy)."""
+        if self._renderer is None:
+            tokenizer = cb.tokenizer_utils.get_tokenizer(self.model_name)
+            name = (self.renderer_name
+                    or cb.model_info.get_recommended_renderer_name(self.model_name))
+            self._renderer = cb.renderers.get_renderer(name, tokenizer,
+                                                       model_name=self.model_name)
+        return self._renderer
+
+    async def make_envs(self) -> Sequence[FleetTinkerEnv]:
+        renderer = self.renderer()
+        session = session_for(self.base_url, self.fleet_settings)
+        tap = ToolCallTap.on(session.events)
+        envs: list[FleetTinkerEnv] = []
+        for _ in range(self.group_size):
+            fleet_env = FleetEnv(self.task, session=session, **self.env_options)
+            self._envs.append(fleet_env)
+            envs.append(FleetTinkerEnv(
+                fleet_env, renderer, system_prompt=self.system_prompt,
+                failed_parse_reward=self.failed_parse_reward,
+                terminate_on_parse_error=self.terminate_on_parse_error,
+                unknown_reward=self.unknown_reward,
+                max_trajectory_tokens=self.max_trajectory_tokens, tap=tap))
+        return envs
+
+    async def cleanup(self) -> None:
+        """Close every episode this builder made that is still open: ungraded (an
+        episode still running when its group is cleaned up failed), all at once.
+        Idempotent; never raises (cancellation still propagates).
+
+        Returns within ``cleanup_timeout_s``. The closes run in threads of their own
+        (``FleetEnv.close``, itself bounded by fleetenv's timeouts) rather than as
+        ``close_async`` on the trainer's loop: a close cut off at the bound must go on
+        and delete the instance, and a cancelled ``close_async`` would stop half-way.
+        """
+        envs, self._envs = self._envs, []
+        if not envs:
+            return
+        loop = asyncio.get_running_loop()
+        pool = _closer_pool()
+        closing = [asyncio.wrap_future(pool.submit(env.close, grade=False), loop=loop)
+                   for env in envs]
+        done, pending = await asyncio.wait(closing, timeout=self.cleanup_timeout_s)
+        if pending:
+            late = [env for env, task in zip(envs, closing, strict=True) if task in pending]
+            logger.warning(
+                "cleanup of %s: closing %d episode(s) took over %.0f s; it goes on in the "
+                "background, and instances %s are deleted by the session at exit at the "
+                "latest", self.task.key, len(late), self.cleanup_timeout_s,
+                ", ".join(env.last_instance_id or "?" for env in late))
+        for env, task in zip(envs, closing, strict=True):
+            if task in done and task.exception() is not None:
+                logger.warning("cleanup of %s: closing instance %s failed: %s",
+                               self.task.key, env.last_instance_id, task.exception())
+
+    def logging_tags(self) -> list[str]:
+        return ["fleet", self.task.env_key, *self.tags]
