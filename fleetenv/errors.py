@@ -21,6 +21,7 @@ Which to catch, by the decision to make:
 """
 
 from fleetenv.core.errors import (
+    ArgumentTypeError,
     ConfigurationError,
     ConnectError,
     DeadlineExceeded,
@@ -50,6 +51,7 @@ from fleetenv.core.errors import (
 )
 
 __all__ = [
+    "ArgumentTypeError",
     "ConfigurationError",
     "ConnectError",
     "DeadlineExceeded",

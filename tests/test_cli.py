@@ -67,7 +67,9 @@ def write_tasks(path: Path, keys: list[str]) -> Path:
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The result lines of a results file (not its header records)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [line for line in lines if line.get("record") != "manifest"]
 
 
 # ----------------------------------------------------------------------------- demo
@@ -76,7 +78,9 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str],
                                                                 Path]:
     out = tmp_path_factory.mktemp("demo") / "results.jsonl"
-    proc = cli("demo", "--samples", "2", "--workers", "16", "--out", str(out), timeout=60)
+    # A Fleet key in the environment: the demo ignores it, and says so once.
+    proc = cli("demo", "--samples", "2", "--workers", "16", "--out", str(out), timeout=60,
+               env={ENV_API_KEY: "sk-not-for-the-demo"})
     return proc, out
 
 
@@ -91,6 +95,10 @@ def test_demo_solves_every_bundled_task_on_a_fresh_machine(
     # Quiet by default: no per-request lines from httpx / per-episode lifecycle events.
     assert "HTTP Request" not in proc.stderr and "rollout_started" not in proc.stderr
     assert "embedded local Fleet" in proc.stderr
+    # One story about the key: "it is set but ignored", not also "no key configured".
+    assert "FLEET_API_KEY is set" in proc.stderr
+    assert "no Fleet API key configured" not in proc.stderr
+    assert "sk-not-for-the-demo" not in proc.stderr + proc.stdout
     lines = read_lines(out)
     assert len(lines) == len(BUNDLED) * 2
     assert Counter((r["task_key"], r["sample"]) for r in lines) == Counter(

@@ -141,7 +141,7 @@ def test_summary_of_nothing_graded_has_no_numbers_not_zeros() -> None:
     summary = summarize(results, ks=(1,))
     assert summary.mean_reward is None and summary.pass_rate is None
     assert summary.pass_at_k[0].value is None and summary.pass_at_k[0].excluded == 1
-    assert summary.pass_at_k[0].label == "pass@1 (n<1)"
+    assert summary.pass_at_k[0].label == "pass@1 (no graded sample)"
     assert summary.nonzero_variance_share is None
     assert "-" in summary.format_table()
     empty = summarize([])

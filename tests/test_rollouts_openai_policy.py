@@ -562,3 +562,63 @@ def test_normalize_assistant_message_touches_only_what_the_api_needs():
     assert first["function"] == {"name": "f", "arguments": '{"a": 1}'}
     assert second == raw["tool_calls"][1]  # broken arguments are kept as written
     assert "tool_calls" not in normalize_assistant_message({"content": "x", "tool_calls": []})
+
+
+# ---------------------------------------------------------------- seed, logprobs, preflight
+
+def test_seed_is_sent_and_logprobs_come_back_in_the_meta(model_server):
+    fake = FakeModel(model_server, [])
+    logprobs = {"content": [{"token": "hi", "logprob": -0.1, "top_logprobs": []}]}
+    body = completion(text_reply("hi"))
+    body["choices"][0]["logprobs"] = logprobs
+    fake.steps = [(200, {}, body), text_reply("again")]
+    policy = make_policy(seed=11, extra_body={"logprobs": True})
+    _, meta = policy._chat([{"role": "user", "content": "x"}], None)
+    assert meta["logprobs"] == logprobs
+    _, meta = policy._chat([{"role": "user", "content": "x"}], None)
+    assert "logprobs" not in meta  # the server sent none: nothing made up
+    assert [b["seed"] for b in fake.bodies] == [11, 11]
+    assert all(b["logprobs"] is True for b in fake.bodies)
+
+
+def test_preflight_on_a_dead_port_fails_at_once_with_the_reason_only():
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    policy = OpenAIChatPolicy(MODEL, base_url=f"http://127.0.0.1:{port}/v1", max_retries=4)
+    with pytest.raises(ConnectError) as info:
+        policy.preflight(timeout_s=5.0)
+    text = str(info.value)
+    assert "could not reach the model server: [Errno" in text and "refused" in text
+    assert "HTTPConnectionPool" not in text and "urllib3" not in text
+    assert policy.stats()["requests"] == 1  # no retries
+
+
+def test_preflight_asks_for_one_token_and_passes_on_busy_answers(model_server):
+    fake = FakeModel(model_server, [text_reply("OK"),
+                                    (503, {}, {"error": {"message": "warming up"}}),
+                                    (429, {}, {"error": {"message": "slow down"}})])
+    policy = make_policy(temperature=0.2)
+    for _ in range(3):
+        policy.preflight()  # 200, then 503 and 429: the run's own retries handle those
+    assert [b["max_tokens"] for b in fake.bodies] == [1, 1, 1]
+    assert fake.bodies[0]["temperature"] == 0.2 and "tools" not in fake.bodies[0]
+
+
+@pytest.mark.parametrize("status", [401, 404])
+def test_preflight_raises_a_refusal_once(model_server, status):
+    fake = FakeModel(model_server, [(status, {}, {"error": {"message": "no"}})] * 3)
+    with pytest.raises(ConfigurationError, match=f"{status}"):
+        make_policy().preflight()
+    assert len(fake.bodies) == 1
+
+
+def test_preflight_retries_once_without_max_tokens_when_the_server_rejects_it(model_server):
+    fake = FakeModel(model_server, [
+        (400, {}, {"error": {"message": "Unsupported parameter: 'max_tokens'"}}),
+        text_reply("OK")])
+    make_policy().preflight()
+    assert ["max_tokens" in b for b in fake.bodies] == [True, False]
+    fake.steps = [(400, {}, {"error": {"message": "bad max_tokens"}})]
+    with pytest.raises(FleetEnvError, match="HTTP 400"):  # the user's own max_tokens: as is
+        make_policy(max_tokens=5).preflight()
+    assert fake.bodies[-1]["max_tokens"] == 5 and len(fake.bodies) == 3

@@ -8,11 +8,20 @@ from pathlib import Path
 
 import pytest
 
+import fleetenv
 from fleetenv.core.config import resolve_config
 from fleetenv.core.task_files import load_tasks
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
-from fleetenv.rollouts.results import ResultsFileError, ResultsWriter, iter_results, read_results
+from fleetenv.rollouts.results import (
+    SCHEMA_VERSION,
+    ResultsFileError,
+    ResultsWriter,
+    iter_results,
+    read_manifest,
+    read_results,
+    read_run,
+)
 from fleetenv.rollouts.rollout import RolloutResult, run_episode
 
 pytestmark = pytest.mark.timeout(30)
@@ -41,7 +50,8 @@ def test_results_round_trip_through_jsonl(tmp_path: Path) -> None:
     with ResultsWriter(path) as writer:
         for result in originals:
             writer.write(result)
-        assert len(path.read_text(encoding="utf-8").splitlines()) == 2  # flushed per line
+        # The header record, then one flushed line per result.
+        assert len(path.read_text(encoding="utf-8").splitlines()) == 3
     assert read_results(path) == originals
     with ResultsWriter(path, append=True) as writer:
         writer.write(_full_result(7))
@@ -115,3 +125,42 @@ def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("", encoding="utf-8")
     with pytest.raises(ResultsFileError, match="cannot open the results file"):
         ResultsWriter(blocker / "results.jsonl")
+
+
+# ----------------------------------------------------------------------------- schema 2
+
+def test_a_new_file_starts_with_the_run_manifest(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    with ResultsWriter(path, manifest={"policy": "reference", "samples_per_task": 2}) as out:
+        out.write(_full_result(0))
+    first = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
+    assert first["record"] == "manifest" and first["schema_version"] == SCHEMA_VERSION
+    manifest = read_manifest(path)
+    assert manifest == first
+    assert manifest["policy"] == "reference" and manifest["samples_per_task"] == 2
+    assert manifest["fleetenv_version"] == fleetenv.__version__
+    assert "mcp" in manifest["packages"] and manifest["started_at"].endswith("Z")
+    assert read_results(path) == [_full_result(0)]  # the header is not a result
+
+
+def test_a_resumed_file_keeps_its_first_manifest(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    with ResultsWriter(path, manifest={"seed": 1}) as out:
+        out.write(_full_result(0))
+    with ResultsWriter(path, append=True, manifest={"seed": 1}) as out:
+        out.write(_full_result(1))
+    manifest, results = read_run(path)
+    assert manifest is not None and manifest["seed"] == 1 and "resumed" not in manifest
+    assert [r.sample for r in results] == [0, 1]
+    headers = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+               if '"record"' in line]
+    assert [h.get("resumed") for h in headers] == [None, True]
+
+
+def test_a_version_1_file_without_a_manifest_still_reads(tmp_path: Path) -> None:
+    path = tmp_path / "old.jsonl"
+    lines = [json.dumps(_full_result(s).to_dict()) for s in (0, 1)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert read_manifest(path) is None
+    assert [r.sample for r in read_results(path)] == [0, 1]
+    assert read_run(path) == (None, [_full_result(0), _full_result(1)])

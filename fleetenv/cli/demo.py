@@ -13,6 +13,7 @@ and names the tasks that were not. The bundled tasks exist only on the local Fle
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,23 @@ def demo_config() -> FleetConfig:
     if os.environ.get(ENV_API_KEY, "").strip():
         print(f"note: {ENV_API_KEY} is set, but the demo's tasks exist only on the embedded "
               "local Fleet, so it runs there; use 'fleetenv run' for Fleet", file=sys.stderr)
+    start_local_fleet_quietly()
     return resolve_config(use_local=True, environ={})
+
+
+def start_local_fleet_quietly() -> None:
+    """Start the embedded local Fleet without its "no Fleet API key configured" notice:
+    the demo runs locally by design (with or without a key, see the note above), and its
+    own first line already says where it runs."""
+    from fleetenv.fleet.backend import local_fleet
+
+    logger = logging.getLogger("fleetenv")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        local_fleet()
+    finally:
+        logger.setLevel(level)
 
 
 def unsolved_tasks(keys: list[str], results: list[RolloutResult],

@@ -5,6 +5,7 @@ Each subcommand lives in its own module of this package and exposes
 their command runs, so ``fleetenv --help`` stays fast.
 
 Errors from fleetenv are printed as one readable line; ``--debug`` shows the traceback.
+Ctrl-C prints one line and exits 130. ``python -m fleetenv`` runs the same ``main()``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("fleetenv.cli.run", "run a policy on the tasks of a task file, print the summary"),
     "tools": ("fleetenv.cli.tools", "list the tools of an environment (provisions, then deletes)"),
     "report": ("fleetenv.cli.report", "summarise a results file (pass@k, per env, stop reasons)"),
-    "serve": ("fleetenv.cli.serve", "run the embedded local Fleet in the foreground"),
+    "serve": ("fleetenv.cli.serve", "run a server in the foreground: 'local' (the embedded "
+              "local Fleet) or 'openenv' (Fleet tasks for OpenEnv clients)"),
     "sweep": ("fleetenv.cli.sweep", "delete the running instances of a run tag (--dry-run: list)"),
     "evaluate": ("fleetenv.cli.evaluate",
                  "score tasks with Fleet's harness jobs: k rollouts per model, per-model scores"),
@@ -56,8 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        summary = getattr(exc, "summary", None) or "interrupted"
+        print(f"fleetenv {args.command}: {summary}", file=sys.stderr)
         return 130
     except Exception as exc:
         if args.debug:
@@ -83,12 +86,28 @@ def configure_logging(*, debug: bool) -> None:
     )
     if debug:
         return
+    # A command's messages are read by a person, not grepped from a service log: no
+    # timestamp or logger name, and a level only when it is not plain information.
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "stream", None) in (sys.stderr, sys.stdout):
+            handler.setFormatter(PlainFormatter())
     logging.getLogger("fleetenv").setLevel(logging.INFO)
     # Per-episode lifecycle events (started, provisioned, completed, deleted) are INFO;
     # failures among them are WARNING or above and still show.
     logging.getLogger("fleetenv.events").setLevel(logging.WARNING)
     for name in _NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+class PlainFormatter(logging.Formatter):
+    """``message`` for INFO, ``warning: message`` / ``error: message`` above it (the
+    traceback of a logged exception only with ``--debug``, which keeps the full format)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.levelno <= logging.INFO:
+            return message
+        return f"{record.levelname.lower()}: {message}"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,10 @@
-"""``fleetenv report``: the summary of a results file written by ``run`` or ``demo``.
+"""``fleetenv report``: look at a run, or compare two.
+
+``fleetenv report RUN.jsonl`` prints the summary and a per-task table;
+``--html report.html`` also writes one self-contained page (summary, per-task table,
+reward / episode-time / per-tool charts, every episode's transcript, filterable by task
+and outcome). ``fleetenv report A.jsonl B.jsonl`` compares run A with run B task by task
+(pass rate and mean reward deltas, new failures), as text, or as a page with ``--html``.
 
 pass@k is the unbiased estimate from each task's n graded samples (the chance that at
 least one of k samples drawn from the n passes, i.e. has reward 1.0), averaged over the
@@ -23,26 +29,46 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
         name, help=help_text, description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("results", type=Path, metavar="RESULTS.jsonl",
-                        help="a results file written by 'fleetenv run' or 'fleetenv demo'")
+    parser.add_argument("results", type=Path, nargs="+", metavar="RESULTS.jsonl",
+                        help="a results file written by 'fleetenv run' or 'fleetenv demo'; "
+                        "two files: compare the first run (A) with the second (B)")
     parser.add_argument("--k", type=positive_int, action="append", default=None, metavar="K",
                         dest="ks", help="report pass@K (repeat for several, e.g. --k 1 --k 3)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--html", type=Path, default=None, metavar="REPORT.html",
+                        help="also write a self-contained HTML report to this file")
+    parser.add_argument("--events", type=Path, action="append", default=None,
+                        metavar="EVENTS.jsonl",
+                        help="the run's events file (a JsonlSink's), for per-tool "
+                        "latencies; with two runs, give it twice (A's, then B's)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetenv.rollouts.metrics import summarize
-    from fleetenv.rollouts.results import read_results
+    from fleetenv.reports import load_run
 
-    if not args.results.is_file():
-        raise ConfigurationError("results file not found", file=str(args.results),
-                                 hint="pass the .jsonl path that 'fleetenv run' printed")
-    results = read_results(args.results)
-    if not results:
-        raise ConfigurationError("the results file has no results", file=str(args.results),
-                                 hint="it is written as episodes finish; was the run "
-                                 "interrupted before the first one?")
+    files: list[Path] = list(args.results)
+    if len(files) > 2:
+        raise ConfigurationError(f"report takes one results file or two, got {len(files)}",
+                                 hint="fleetenv report RUN.jsonl, or fleetenv report "
+                                 "A.jsonl B.jsonl to compare two runs")
+    events: list[Path] = list(args.events or [])
+    if len(events) > len(files):
+        raise ConfigurationError(f"{len(events)} --events files for {len(files)} results "
+                                 "file(s)", hint="give at most one --events per results file, "
+                                 "in the same order")
+    runs = [load_run(file, events=events[i] if i < len(events) else None)
+            for i, file in enumerate(files)]
+    if len(runs) == 2:
+        return _compare(runs[0], runs[1], args)
+    return _report(runs[0], args)
+
+
+def _report(run_data: Any, args: argparse.Namespace) -> int:
+    from fleetenv.reports import write_html
+    from fleetenv.rollouts.metrics import summarize
+
+    results = run_data.results
     per_task = Counter(r.task_key for r in results)
     fewest = min(per_task.values())
     ks = tuple(sorted(set(args.ks))) if args.ks else tuple(sorted({1, fewest}))
@@ -51,4 +77,41 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
     else:
         print(summary.format_table())
+        print()
+        print(_task_table(run_data))
+    if args.html is not None:
+        written = write_html(run_data, args.html)
+        print(f"HTML report: {written}")
     return 0
+
+
+def _compare(a: Any, b: Any, args: argparse.Namespace) -> int:
+    from fleetenv.reports import compare_runs
+
+    comparison = compare_runs(a, b)
+    if args.json:
+        print(json.dumps(comparison.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(comparison.format_table())
+    if args.html is not None:
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        args.html.write_text(comparison.render_html(), encoding="utf-8")
+        print(f"HTML comparison: {args.html}")
+    return 0
+
+
+def _task_table(run_data: Any) -> str:
+    header = ("task", "episodes", "passed", "pass", "reward", "variance", "errors", "time")
+    rows = [header]
+    for t in run_data.tasks:
+        rows.append((t.task_key, str(t.episodes), f"{t.passed}/{t.graded}",
+                     "-" if t.pass_rate is None else f"{t.pass_rate:.0%}",
+                     "-" if t.mean_reward is None else f"{t.mean_reward:.3f}",
+                     "-" if t.reward_variance is None else f"{t.reward_variance:.3f}",
+                     str(t.errors),
+                     "-" if t.mean_time_s is None else f"{t.mean_time_s:.2f} s"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join([row[0].ljust(widths[0])]
+                  + [cell.rjust(widths[i + 1]) for i, cell in enumerate(row[1:])]).rstrip()
+        for row in rows)

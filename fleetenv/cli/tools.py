@@ -40,15 +40,26 @@ def run(args: argparse.Namespace) -> int:
 
     task = Task(key=f"fleetenv-tools:{args.env}", prompt="(listing tools)", env_key=args.env,
                 modality=args.modality)
+    from fleetenv.cli.interrupts import RunInterrupted, quiet_interrupts
+
     config = resolve_config()
+    env: FleetEnv | None = None
     # The context manager deletes the instance on every way out, Ctrl-C included; there is
     # no verifier and nothing to grade. No event sinks: this is not a rollout, and a
     # failure is reported once, as the command's error line.
-    with FleetEnv(task, config=config, events=EventBus(sinks=[])) as env:
-        env.reset()
-        tools = list(env.tools)
-        openai_tools = [t.openai() for t in tools]
-        env.close(grade=False)
+    with quiet_interrupts(debug=args.debug):
+        try:
+            with FleetEnv(task, config=config, events=EventBus(sinks=[])) as env:
+                env.reset()
+                tools = list(env.tools)
+                openai_tools = [t.openai() for t in tools]
+                env.close(grade=False)
+        except KeyboardInterrupt:
+            instance = env.last_instance_id if env is not None else None
+            done = (f"deleted instance {instance}" if instance
+                    else "no instance was running")
+            raise RunInterrupted(f"interrupted while listing the tools of {task.env_spec}; "
+                                 f"{done}") from None
     if args.json:
         print(json.dumps(openai_tools, indent=2))
         return 0

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 __all__ = [
+    "ArgumentTypeError",
     "ConfigurationError",
     "ConnectError",
     "DeadlineExceeded",
@@ -235,6 +236,10 @@ class ResultsFileError(ConfigurationError):
 
 class MetricsError(ConfigurationError, ValueError):
     """A metric was asked for with arguments it is not defined for."""
+
+
+class ArgumentTypeError(ConfigurationError, TypeError):
+    """A public entry point got an argument of the wrong type (the hint says what to pass)."""
 
 
 class EpisodeStateError(FleetEnvError, RuntimeError):

@@ -82,6 +82,7 @@ from fleetenv.env.actions import (
     ToolCall,
     parse_action,
 )
+from fleetenv.env.argument_hints import session_type_error, task_type_error
 from fleetenv.env.driver import Blocking, Plan, run_async, run_sync
 from fleetenv.env.grading import PARTIAL_REWARD_KEY, grade_once
 from fleetenv.env.instance import InstanceLease
@@ -90,6 +91,7 @@ from fleetenv.env.state import EpisodeState, EpisodeStats
 from fleetenv.env.tool_call_parsing import render_tools
 from fleetenv.env.toolbox import Toolbox
 from fleetenv.env.turns import Turn, check_format, check_no_tool_call, is_turn, read_turn
+from fleetenv.env.unclosed import watch, weak_callback
 from fleetenv.fleet.registry import install_signal_handlers
 from fleetenv.fleet.session import Session, default_session
 from fleetenv.mcp.arguments import check_mode
@@ -197,8 +199,8 @@ class FleetEnv:
 
         self._ref = RolloutRef(task_key=self.task.key, env_key=self.task.env_spec)
         self._lease = InstanceLease(self.session, self.task, ttl_seconds=self.ttl_seconds,
-                                    run_tag=run_tag, emit=self._emit,
-                                    on_instance=self._on_instance)
+                                    run_tag=run_tag, emit=weak_callback(self._emit),
+                                    on_instance=weak_callback(self._on_instance))
         self._state = EpisodeState()
         self.check_arguments = check_mode(
             check_arguments if check_arguments is not None else self.config.check_arguments)
@@ -216,6 +218,10 @@ class FleetEnv:
         self._close_lock = threading.Lock()
         self._episodes = 0
         self._pid = os.getpid()
+        # Collected without close(): warn and delete the instance (fleetenv.env.unclosed).
+        self._unclosed = watch(self, task_key=self.task.key, lease=self._lease,
+                               toolbox=self._toolbox, session=self.session,
+                               owns_session=self._owns_session)
 
     def __repr__(self) -> str:
         where = self.instance_id or "no instance"
@@ -684,6 +690,8 @@ class FleetEnv:
 
     def _call_finished(self, name: str, outcome: str, duration_s: float,
                        exc: BaseException | None = None, error: str | None = None) -> None:
+        if outcome == "failed":
+            self._lease.tainted = True  # it may still run there: never reuse the instance
         self._emit(ToolCallFinished, tool_name=name, step=self._state.step, outcome=outcome,
                    duration_s=duration_s, error_type=type(exc).__name__ if exc else None,
                    error=error)
@@ -777,6 +785,7 @@ class FleetEnv:
             if self._closed:
                 return
             self._closed = True
+        self._unclosed.detach()
         state = self._state
         if conversation is not None and state.grade is None:
             state.conversation = conversation
@@ -793,6 +802,7 @@ class FleetEnv:
             try:
                 yield from self._toolbox.close_plan()
             finally:
+                self._lease.reusable = grade  # a warm pool may keep a cleanly closed one
                 yield Blocking(self._lease.close)
                 if self._owns_session:
                     yield Blocking(self._lease.call_when_idle, (self.session.close,))
@@ -843,16 +853,15 @@ def _as_task(task: object) -> Task:
         return task
     if isinstance(task, Mapping):
         return Task.model_validate(dict(task))
-    hint = ("load it with fleetenv.load_tasks(path) and pick one by key"
-            if isinstance(task, str) else "pass a fleetenv.Task or a task dict")
-    raise ConfigurationError(f"FleetEnv needs a task, got a {type(task).__name__}",
-                             hint=hint)
+    raise task_type_error(task)
 
 
 def _pick_session(session: Session | None, config: FleetConfig | None,
                   api_key: str | None, base_url: str | None) -> tuple[Session, bool]:
     """The session to run on, and whether the env owns it (and so closes it)."""
     if session is not None:
+        if not isinstance(session, Session):
+            raise session_type_error(session)
         if config is not None or api_key is not None or base_url is not None:
             raise ConfigurationError("pass either session= or config=/api_key=/base_url=",
                                      hint="the session already holds the settings")

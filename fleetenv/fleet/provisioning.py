@@ -27,7 +27,13 @@ from fleetenv.core.vocabulary import Modality
 from fleetenv.fleet.classify import is_rate_limit, provisioning_error
 from fleetenv.fleet.deadlines import ProvisioningDeadlineExceeded, deadline_scope
 from fleetenv.fleet.limits import Gate, KeyLimiter
-from fleetenv.fleet.registry import InstanceRegistry, LiveInstance, terminating, track
+from fleetenv.fleet.registry import (
+    InstanceRegistry,
+    LiveInstance,
+    exiting,
+    terminating,
+    track,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleet.client import SyncEnv
@@ -35,6 +41,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.client import FleetClient
 
 logger = logging.getLogger("fleetenv.provisioning")
+
+#: Seconds one instance's delete may take at interpreter exit or after SIGTERM.
+EXIT_DELETE_BUDGET_S = 2.0
 
 #: Image type fleet-python sends per modality (research: computer_use runs the "mcp" image).
 IMAGE_TYPES: dict[Modality, str | None] = {Modality.TOOL_USE: None,
@@ -321,12 +330,15 @@ class Provisioner:
                          f"{tag}`, or its TTL reaps it",
                     retryable=cause.retryable, **context) from exc
 
+        budget, attempts = self.delete_timeout_s, 4
+        if exiting():  # at exit: one quick retry, bounded (see registry.exiting)
+            budget, attempts = min(budget, EXIT_DELETE_BUDGET_S), 2
         try:
-            with deadline_scope(self.delete_timeout_s,
+            with deadline_scope(budget,
                                 what=f"deleting instance {instance.instance_id}",
                                 retryable=True, hint=f"it is deleted again at the next "
                                 f"sweep; or run `fleetenv sweep --tag {tag}`", **context):
-                self.retry.with_budget(self.delete_timeout_s, max_attempts=4).call(attempt)
+                self.retry.with_budget(budget, max_attempts=attempts).call(attempt)
         except Exception:
             self._hand_to_sweeper(instance)
             raise

@@ -156,6 +156,8 @@ _previous_sigterm: Any = None
 _terminating = False
 _cleanup_thread: threading.Thread | None = None
 _cleanup_pid = 0
+#: Set when the exit hook starts (see ``exiting()``).
+_exiting = False
 
 
 def track(registry: InstanceRegistry) -> None:
@@ -175,11 +177,20 @@ def terminating() -> bool:
     return _terminating and _cleanup_pid == os.getpid()
 
 
+def exiting() -> bool:
+    """True once the exit hook or a SIGTERM started deleting: a delete then gets one quick
+    retry, not the full backoff (nobody waits for it, and a Fleet that is gone, such as an
+    embedded one already stopped, would hold the exit for ~10 s)."""
+    return _exiting or terminating()
+
+
 def delete_everywhere() -> None:
     """Delete the live instances of every tracked registry (the exit hook).
 
     If a SIGTERM already started this in the background, wait for it first (bounded),
     then delete whatever is left (an instance created meanwhile, a delete that failed)."""
+    global _exiting
+    _exiting = True
     thread = _cleanup_thread
     if (thread is not None and _cleanup_pid == os.getpid()
             and thread is not threading.current_thread()):

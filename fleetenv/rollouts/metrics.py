@@ -21,12 +21,13 @@ Decisions, each made so a number cannot silently mean something else:
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fleetenv.core.errors import MetricsError
+from fleetenv.core.errors import ArgumentTypeError, MetricsError
 from fleetenv.rollouts.rollout import RolloutResult
 
 __all__ = [
@@ -91,8 +92,10 @@ class PassAtK:
 
     @property
     def label(self) -> str:
-        if not self.tasks:
-            return f"pass@{self.k} (n<{self.k})"
+        if not self.tasks:  # e.g. every episode failed: say so, not a cryptic "n<1"
+            if self.k == 1:
+                return "pass@1 (no graded sample)"
+            return f"pass@{self.k} (no task has {self.k} graded samples)"
         n = f"{self.n_min}" if self.n_min == self.n_max else f"{self.n_min}..{self.n_max}"
         return f"pass@{self.k} (n={n})"
 
@@ -195,6 +198,12 @@ class Summary:
             values[f"rollout/{env.env_key}/turns"] = env.mean_turns
         return {name: float(value) for name, value in values.items() if value is not None}
 
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display of the table."""
+        from fleetenv.reports.notebook import summary_html
+
+        return summary_html(self)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["pass_at_k"] = [dict(asdict(p), label=p.label) for p in self.pass_at_k]
@@ -275,7 +284,7 @@ def summarize(results: Iterable[RolloutResult], ks: Sequence[int] = (1,)) -> Sum
     bad = [k for k in ks if not isinstance(k, int) or k < 1]
     if bad:
         raise MetricsError(f"pass@k needs whole numbers k >= 1, got {bad}")
-    items = list(results)
+    items = _results_of(results)
     by_task: dict[str, list[float]] = defaultdict(list)
     tasks: set[str] = set()
     by_env: dict[str, list[RolloutResult]] = defaultdict(list)
@@ -317,6 +326,26 @@ def summarize(results: Iterable[RolloutResult], ks: Sequence[int] = (1,)) -> Sum
         provision_s=Percentiles.of([r.timings["provision_s"] for r in items
                                     if "provision_s" in r.timings and r.instance_id]),
     )
+
+
+def _results_of(results: object) -> list[RolloutResult]:
+    """``results`` as a list, refusing what is not rollout results with what to pass."""
+    where = "summarize(results)"
+    if isinstance(results, str | bytes | os.PathLike):
+        raise ArgumentTypeError(f"{where} needs rollout results, got the path {results!r:.80}",
+                                hint="summarize(fleetenv.read_results(path))")
+    if not isinstance(results, Iterable):
+        raise ArgumentTypeError(f"{where} needs an iterable of RolloutResult, got a "
+                                f"{type(results).__name__}",
+                                hint="pass a list of results, read_results(path) or a runner")
+    items = list(results)
+    for item in items:
+        if not isinstance(item, RolloutResult):
+            hint = ("turn dicts into results with fleetenv.RolloutResult.from_dict(d)"
+                    if isinstance(item, dict) else "pass what run_episode / Runner returned")
+            raise ArgumentTypeError(f"{where} needs RolloutResult items, got a "
+                                    f"{type(item).__name__}", hint=hint)
+    return items
 
 
 def _pass_at(k: int, by_task: dict[str, list[float]], all_tasks: int) -> PassAtK:

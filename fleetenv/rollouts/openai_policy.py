@@ -24,6 +24,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -68,6 +69,11 @@ class OpenAIChatPolicy:
     Thread-safe: one ``requests.Session`` per thread, so a trainer's thread pool can share
     one policy. Worst-case time of one ``act``: ``(max_retries + 1) * timeout_s`` plus the
     backoff pauses.
+
+    ``seed`` is sent as the request's ``seed`` (servers that honour it sample
+    reproducibly). When the server returns ``logprobs`` (ask with
+    ``extra_body={"logprobs": True}``), they are kept in the reply's meta, so they reach
+    ``RolloutResult.turn_meta``.
     """
 
     # Set by _setup_runtime_state (again after unpickling: they do not cross processes).
@@ -85,6 +91,7 @@ class OpenAIChatPolicy:
         api_key_env: str = "OPENAI_API_KEY",
         temperature: float | None = None,
         max_tokens: int | None = None,
+        seed: int | None = None,
         timeout_s: float = 120.0,
         max_retries: int = 4,
         extra_body: Mapping[str, Any] | None = None,
@@ -120,6 +127,7 @@ class OpenAIChatPolicy:
         self._api_key: SecretStr | None = SecretStr(key) if key else None
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.seed = seed
         self.timeout_s = float(timeout_s)
         self.max_retries = max_retries
         self.extra_body: dict[str, Any] = dict(extra_body or {})
@@ -167,6 +175,8 @@ class OpenAIChatPolicy:
                               "OpenAI-compatible /v1 API", detail=_short(json.dumps(data)))
         usage = data.get("usage")
         meta: dict[str, Any] = {"finish_reason": first.get("finish_reason")}
+        if first.get("logprobs") is not None:  # only when asked for and the server has them
+            meta["logprobs"] = first["logprobs"]
         if isinstance(usage, Mapping):
             meta["usage"] = {name: value for name, value in usage.items()
                              if isinstance(value, int)}
@@ -243,8 +253,38 @@ class OpenAIChatPolicy:
             body["temperature"] = self.temperature
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
+        if self.seed is not None:
+            body["seed"] = self.seed
         body.update(self.extra_body)
         return body
+
+    def preflight(self, *, timeout_s: float = 30.0) -> None:
+        """One tiny request, before a run provisions anything: is the server there, does
+        it take the key, does it know the model?
+
+        Raises at once, without retries, what every episode would otherwise hit after its
+        retries: ``ConnectError`` (nothing listening, DNS), ``DeadlineExceeded`` (no answer
+        within ``timeout_s``) or ``ConfigurationError`` (a refused key, a 404 for the model
+        or URL), each naming the URL. Answers that say "later" (429, 5xx) pass: the run's
+        own retries deal with those. The request asks for one token (and, if the server
+        rejects that option, is sent once more as the run would send it).
+        """
+        body = self._request_body([{"role": "user", "content": "Reply with OK."}], [])
+        if "max_tokens" not in body and "max_completion_tokens" not in body:
+            try:
+                self._preflight_attempt({**body, "max_tokens": 1}, timeout_s)
+                return
+            except FleetEnvError as exc:
+                if exc.context.get("status") != "400":
+                    raise
+        self._preflight_attempt(body, timeout_s)
+
+    def _preflight_attempt(self, body: dict[str, Any], timeout_s: float) -> None:
+        _, failure, _ = self._attempt(body, timeout_s=timeout_s)
+        if failure is not None and not failure.retryable:
+            raise failure
+        if failure is not None and isinstance(failure, DeadlineExceeded | ConnectError):
+            raise failure
 
     def _post(self, body: dict[str, Any]) -> Any:
         """POST with retries; the parsed JSON of a 2xx answer."""
@@ -268,24 +308,30 @@ class OpenAIChatPolicy:
                            attempt, self.max_retries, delay, failure)
             time.sleep(delay)
 
-    def _attempt(self, body: dict[str, Any]) -> tuple[Any, FleetEnvError | None, float | None]:
+    def _attempt(self, body: dict[str, Any], *, timeout_s: float | None = None
+                 ) -> tuple[Any, FleetEnvError | None, float | None]:
         """One HTTP attempt: ``(json, None, None)`` on success, ``(None, error, Retry-After)``
         on a failure worth retrying; raises at once on one that is not."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
             self._stats["requests"] += 1
         try:
             response = self._session().post(
                 self.url, json=body, headers=self._headers(),
-                timeout=(min(_CONNECT_TIMEOUT_S, self.timeout_s), self.timeout_s))
+                timeout=(min(_CONNECT_TIMEOUT_S, timeout), timeout))
         except requests.Timeout:
             return None, self._error(DeadlineExceeded, f"the model server did not answer "
-                                     f"within {self.timeout_s:g} s", "raise timeout_s, or "
+                                     f"within {timeout:g} s", "raise timeout_s, or "
                                      "check the server is not overloaded",
                                      retryable=True), None
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
-            return None, self._error(ConnectError, "could not reach the model server",
-                                     "check base_url and that the server is running",
-                                     detail=_short(self._scrub(str(exc)))), None
+            # The reason only ("Connection refused"), not urllib3's nested repr of its pool,
+            # connection object and retry state, which is repeated on every retry line.
+            return None, self._error(ConnectError, "could not reach the model server: "
+                                     f"{_connection_reason(exc)}",
+                                     "check --base-url / base_url (the API root, e.g. "
+                                     "http://127.0.0.1:8000/v1) and that the server is "
+                                     "running"), None
         except requests.RequestException as exc:
             self._count_failure()
             raise self._error(FleetEnvError, "the model request could not be sent",
@@ -448,6 +494,26 @@ def _retry_after(response: requests.Response) -> float | None:
         if seconds >= 0:
             return min(seconds, _MAX_RETRY_AFTER_S)
     return None
+
+
+def _connection_reason(exc: BaseException) -> str:
+    """The innermost OS-level reason of a ``requests`` connection error, e.g.
+    ``"[Errno 111] Connection refused"``, else a short form of its text."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            return (f"[Errno {current.errno}] {current.strerror}" if current.errno is not None
+                    else current.strerror)
+        reason = getattr(current, "reason", None)
+        linked = [current.__cause__, current.__context__, reason, *current.args]
+        stack.extend(item for item in linked if isinstance(item, BaseException))
+    match = re.search(r"\[Errno -?\d+\] [^'\")]+", str(exc))
+    return match.group(0).strip() if match else _short(str(exc), 200)
 
 
 def _short(text: str, limit: int = 500) -> str:

@@ -8,6 +8,22 @@ A line holds the task key, env key, sample, reward and grade status, stop reason
 tool calls and errors, timings, instance id, verifier stdout / error, the error of a
 failed rollout and the transcript. Secrets never reach it: error texts were redacted by
 ``run_episode`` and the config (with its key) is not part of a result.
+
+Schema (version 2)
+------------------
+The first line of a file written by :class:`ResultsWriter` is a *header record*, the run
+manifest: a JSON object with ``"record": "manifest"`` and ``"schema_version": 2``, plus
+``fleetenv_version``, ``python``, ``packages`` (name -> version of the packages that shape
+a result), ``started_at`` (UTC, ISO 8601) and whatever the writer of the run adds (the
+``fleetenv run`` command adds ``command``, ``tasks_file``, ``tasks_sha256``, ``task_keys``,
+``policy``, ``policy_spec``, ``sampling``, ``seed``, ``samples_per_task``, ``max_steps``,
+``system_prompt_sha256`` and ``fleet``). A resumed run appends another header record with
+``"resumed": true``; the first one is the run's manifest. Every other line is one
+``RolloutResult.to_dict()``. Why a header and not a field per line: one record per run says
+once what makes two runs comparable, and result lines stay what they always were.
+
+Version 1 files (before the header existed) have result lines only; they read the same,
+with :func:`read_manifest` returning ``None``.
 """
 
 from __future__ import annotations
@@ -15,18 +31,50 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
+from importlib import metadata
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from fleetenv._version import __version__
 from fleetenv.core.errors import ResultsFileError
 from fleetenv.rollouts.rollout import RolloutResult
 
-__all__ = ["ResultsFileError", "ResultsWriter", "iter_results", "read_results"]
+__all__ = ["MANIFEST_RECORD", "SCHEMA_VERSION", "ResultsFileError", "ResultsWriter",
+           "base_manifest", "is_header",
+           "iter_results", "read_manifest", "read_results", "read_run"]
+
+#: Version of the results-file layout this module writes (see the module docstring).
+SCHEMA_VERSION = 2
+#: The ``record`` value that marks a header line (absent from result lines).
+MANIFEST_RECORD = "manifest"
+#: Packages whose versions can change what a result holds, recorded in the manifest.
+RECORDED_PACKAGES = ("mcp", "fleet-python", "requests", "httpx", "pydantic", "anyio")
 
 _REQUIRED = ("task_key", "env_key")
+
+
+def base_manifest() -> dict[str, Any]:
+    """The header fields every results file carries: schema, versions, start time."""
+    packages: dict[str, str] = {}
+    for name in RECORDED_PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {"record": MANIFEST_RECORD, "schema_version": SCHEMA_VERSION,
+            "fleetenv_version": __version__, "python": platform.python_version(),
+            "packages": packages,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def is_header(data: Mapping[str, Any]) -> bool:
+    """Whether a parsed line is a header record rather than a result."""
+    return data.get("record") == MANIFEST_RECORD
 
 
 def _json_fallback(value: Any) -> Any:
@@ -43,22 +91,36 @@ class ResultsWriter:
     """Appends one ``RolloutResult.to_dict()`` per line, flushed; safe to share between
     threads (executor callbacks write from several).
 
-    ``append=False`` (default) starts a fresh file; ``append=True`` adds to an existing
-    one (resuming a run). Parent directories are created.
+    ``append=False`` (default) starts a fresh file, whose first line is the header record:
+    :func:`base_manifest` plus ``manifest`` (the run's settings). ``append=True`` adds to
+    an existing one (resuming a run); a header is written then only when ``manifest`` is
+    given (marked ``"resumed": true``). Parent directories are created.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = False,
+                 manifest: Mapping[str, Any] | None = None) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
         self.count = 0
+        header: dict[str, Any] | None = None
+        if not append or manifest is not None:
+            header = {**base_manifest(), **dict(manifest or {}),
+                      "record": MANIFEST_RECORD, "schema_version": SCHEMA_VERSION}
+            if append:
+                header["resumed"] = True
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file: IO[str] | None = open(  # noqa: SIM115 (closed by close())
                 self.path, "a" if append else "w", encoding="utf-8")
+            if header is not None:
+                self._file.write(json.dumps(header, ensure_ascii=True,
+                                            default=_json_fallback) + "\n")
+                self._file.flush()
         except OSError as exc:
             raise ResultsFileError(f"cannot open the results file for writing: {exc}",
                                    hint="check the directory exists and is writable",
                                    file=str(self.path)) from exc
+        self.manifest = header
 
     def __repr__(self) -> str:
         return f"ResultsWriter({str(self.path)!r}, written={self.count})"
@@ -125,12 +187,45 @@ def _to_line(result: RolloutResult) -> str:
 
 
 def iter_results(path: str | os.PathLike[str]) -> Iterator[RolloutResult]:
-    """Yield the results of a JSONL file one by one; blank lines are skipped.
+    """Yield the results of a JSONL file one by one; blank lines and header records are
+    skipped (files of either schema version read the same).
 
     Raises :class:`ResultsFileError` naming the file and the line number for a line that
     is not a JSON object with at least ``task_key`` and ``env_key``.
     """
-    file = Path(path)
+    for item in _iter_records(Path(path)):
+        if isinstance(item, RolloutResult):
+            yield item
+
+
+def read_results(path: str | os.PathLike[str]) -> list[RolloutResult]:
+    """Every result of a JSONL results file, in file order (see :func:`iter_results`)."""
+    return list(iter_results(path))
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The run manifest (the first header record) of a results file; ``None`` for a
+    version 1 file, which has none. Reads only up to the first result line."""
+    for item in _iter_records(Path(path)):
+        return item if isinstance(item, dict) else None
+    return None
+
+
+def read_run(path: str | os.PathLike[str]
+             ) -> tuple[dict[str, Any] | None, list[RolloutResult]]:
+    """The manifest (or ``None``) and every result of a results file, in one pass."""
+    manifest: dict[str, Any] | None = None
+    results: list[RolloutResult] = []
+    for item in _iter_records(Path(path)):
+        if isinstance(item, RolloutResult):
+            results.append(item)
+        elif manifest is None:
+            manifest = item
+    return manifest, results
+
+
+def _iter_records(file: Path) -> Iterator[RolloutResult | dict[str, Any]]:
+    """Header records (as dicts) and results, in file order."""
     try:
         handle = open(file, encoding="utf-8")  # noqa: SIM115 (closed by the with below)
     except OSError as exc:
@@ -142,12 +237,7 @@ def iter_results(path: str | os.PathLike[str]) -> Iterator[RolloutResult]:
                 yield _parse_line(line, file, number)
 
 
-def read_results(path: str | os.PathLike[str]) -> list[RolloutResult]:
-    """Every result of a JSONL results file, in file order (see :func:`iter_results`)."""
-    return list(iter_results(path))
-
-
-def _parse_line(line: str, file: Path, number: int) -> RolloutResult:
+def _parse_line(line: str, file: Path, number: int) -> RolloutResult | dict[str, Any]:
     where: dict[str, Any] = {"file": str(file), "line": number}
     try:
         data = json.loads(line)
@@ -163,6 +253,8 @@ def _parse_line(line: str, file: Path, number: int) -> RolloutResult:
         raise ResultsFileError(
             f"{file}:{number}: expected a JSON object, got {type(data).__name__}",
             hint="each line must be one RolloutResult.to_dict()", **where)
+    if is_header(data):
+        return data
     missing = [name for name in _REQUIRED if not isinstance(data.get(name), str)]
     if missing:
         raise ResultsFileError(

@@ -18,13 +18,15 @@ from fleetenv.core.errors import RolloutCancelled, redact
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import GradeReason, GradeStatus, StopReason
+from fleetenv.env.actions import Action
 from fleetenv.env.fleet_env import FleetEnv
-from fleetenv.rollouts.policy import Policy, PolicyContext, as_policy
+from fleetenv.env.observation import Observation
+from fleetenv.rollouts.policy import Policy, PolicyContext, Reply, as_policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.session import Session
 
-__all__ = ["CancelToken", "RolloutCancelled", "RolloutResult", "run_episode"]
+__all__ = ["CancelToken", "Episode", "RolloutCancelled", "RolloutResult", "run_episode"]
 
 
 @dataclass
@@ -64,7 +66,10 @@ class RolloutResult:
     """``{"type": ..., "message": ...}`` when the rollout failed."""
     turn_meta: list[dict[str, Any]] = field(default_factory=list)
     """Per policy reply, what the policy reported (an OpenAI-compatible policy: the
-    ``finish_reason`` and token ``usage``); empty for policies that report nothing."""
+    ``finish_reason`` and token ``usage``, and ``logprobs`` when the server sent them);
+    empty for policies that report nothing."""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """The tools the agent was offered (OpenAI function format), as at its first turn."""
     transcript: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -92,6 +97,12 @@ class RolloutResult:
                 data[name] = str(data[name])
         return data
 
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: outcome, reward, timings, a collapsible transcript."""
+        from fleetenv.reports.notebook import result_html
+
+        return result_html(self)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutResult:
         names = cls.__dataclass_fields__
@@ -116,6 +127,17 @@ class CancelToken:
             self._envs.add(env)
         if self._event.is_set():
             env.close(grade=False)
+
+    def try_register(self, env: FleetEnv) -> bool:
+        """Register ``env`` unless the token is set (then ``False``, and ``env`` is left
+        alone). For episodes on fleetenv's loop, where the blocking ``env.close()`` that
+        `register` makes on a set token cannot run. A ``cancel()`` racing with this sees
+        the env (and closes it) or has already set the token (and it is refused)."""
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._envs.add(env)
+            return True
 
     def unregister(self, env: FleetEnv) -> None:
         with self._lock:
@@ -149,68 +171,107 @@ def run_episode(
 
     Runs on ``session`` (default: the default session; ``config=`` instead: a private
     session with those settings). Never raises for a broken episode; see the module
-    docstring.
+    docstring. Each policy reply is ONE step (``env.step`` gets the reply's actions as
+    one turn), so a reply with N tool calls counts once toward ``max_steps``.
+    ``run_episode_async`` is the awaitable twin.
     """
-    started = time.monotonic()
-    result = RolloutResult(task_key=task.key, env_key=task.env_spec, sample=sample)
-    messages: list[dict[str, Any]] = []
-    if system_prompt:
-        messages.append({"role": "system", "content": system_prompt})
-    policy_s = 0.0
+    episode = Episode(task, sample, system_prompt)
     env: FleetEnv | None = None
     try:
         agent = as_policy(policy)
-        result.policy = getattr(policy, "describe", lambda: type(agent).__name__)()
-        env = FleetEnv(task, session=session, config=config, events=events,
-                       max_steps=max_steps, run_tag=run_tag)
-        result.rollout_id = env.rollout_id
+        episode.result.policy = getattr(policy, "describe", lambda: type(agent).__name__)()
+        env = episode.make_env(session=session, config=config, events=events,
+                               max_steps=max_steps, run_tag=run_tag)
         if cancel is not None:
             cancel.register(env)
         observation, _ = env.reset()
-        messages.extend(observation.to_messages())
-        turn = 0
+        episode.messages.extend(observation.to_messages())
         while not env.done:
             if cancel is not None and cancel.is_set():
                 raise RolloutCancelled("the run was cancelled")
             asked = time.monotonic()
-            reply = agent.act(PolicyContext(task=task, messages=list(messages),
-                                            tools=env.openai_tools, turn=turn,
-                                            instance_id=env.instance_id,
-                                            root_url=env.root_url))
-            policy_s += time.monotonic() - asked
-            turn += 1
-            messages.append(reply.message)
-            if reply.meta:
-                result.turn_meta.append(dict(reply.meta))
-            answered = {c.get("id") for c in reply.message.get("tool_calls") or []}
-            for action in reply.actions:
-                env.conversation = messages  # what a judge verifier grades, if the task has one
-                observation, _, terminated, truncated, _ = env.step(action)
-                if observation.tool_call_id in answered:
-                    messages.extend(observation.to_messages())
-                if terminated or truncated:
-                    break
-        result.stop_reason = env.stop_reason
+            reply = agent.act(episode.context(env))
+            episode.policy_s += time.monotonic() - asked
+            actions = episode.record_reply(env, reply)
+            observation, *_ = env.step(actions)
+            episode.record_observation(observation, reply)
+        episode.result.stop_reason = env.stop_reason
     except RolloutCancelled as exc:
-        result.stop_reason = StopReason.CANCELLED
-        result.error = {"type": type(exc).__name__, "message": exc.message}
+        episode.failed(exc, StopReason.CANCELLED)
     except Exception as exc:
-        result.stop_reason = StopReason.ERROR
-        result.error = {"type": type(exc).__name__, "message": redact(str(exc))[:2000]}
+        episode.failed(exc, StopReason.ERROR)
     finally:
         if env is not None:
             # A failed or cancelled rollout is not graded: its reward would mean nothing.
             try:
-                env.close(grade=result.error is None, reason=result.stop_reason,
-                          conversation=messages)
+                env.close(**episode.close_arguments())
             finally:
                 if cancel is not None:
                     cancel.unregister(env)
-    if env is not None:
-        _fill_from_env(result, env)
-    result.timings.update(policy_s=policy_s, total_s=time.monotonic() - started)
-    result.transcript = messages
-    return result
+    return episode.finish(env)
+
+
+class Episode:
+    """The bookkeeping of one rollout that `run_episode` and `run_episode_async` share
+    (the transcript, the result record, the policy's time), so both stay one logic."""
+
+    def __init__(self, task: Task, sample: int, system_prompt: str | None) -> None:
+        self.task = task
+        self.started = time.monotonic()
+        self.result = RolloutResult(task_key=task.key, env_key=task.env_spec, sample=sample)
+        self.messages: list[dict[str, Any]] = []
+        if system_prompt:
+            self.messages.append({"role": "system", "content": system_prompt})
+        self.policy_s = 0.0
+        self.turn = 0
+
+    def make_env(self, **options: Any) -> FleetEnv:
+        env = FleetEnv(self.task, **options)
+        self.result.rollout_id = env.rollout_id
+        return env
+
+    def context(self, env: FleetEnv) -> PolicyContext:
+        if not self.result.tools:  # what the agent was offered, kept in the result
+            self.result.tools = list(env.openai_tools)
+        return PolicyContext(task=self.task, messages=list(self.messages),
+                             tools=env.openai_tools, turn=self.turn,
+                             instance_id=env.instance_id, root_url=env.root_url)
+
+    def record_reply(self, env: FleetEnv, reply: Reply) -> Action | list[Action]:
+        """Record the reply; return what ``env.step`` gets for it: its actions as ONE
+        turn (a lone action as itself, which is the same step)."""
+        self.turn += 1
+        self.messages.append(reply.message)
+        if reply.meta:
+            self.result.turn_meta.append(dict(reply.meta))
+        env.conversation = self.messages  # what a judge verifier grades, if the task has one
+        actions = list(reply.actions)
+        return actions[0] if len(actions) == 1 else actions
+
+    def record_observation(self, observation: Observation, reply: Reply) -> None:
+        """Append the tool messages answering the reply's tool calls (one per call)."""
+        answered = {c.get("id") for c in reply.message.get("tool_calls") or []}
+        for call in observation.calls if observation.turn else (observation,):
+            if call.tool_call_id is not None and call.tool_call_id in answered:
+                self.messages.extend(call.to_messages())
+
+    def failed(self, exc: Exception, reason: StopReason) -> None:
+        self.result.stop_reason = reason
+        message = exc.message if isinstance(exc, RolloutCancelled) else redact(str(exc))[:2000]
+        self.result.error = {"type": type(exc).__name__, "message": message}
+
+    def close_arguments(self) -> dict[str, Any]:
+        return {"grade": self.result.error is None, "reason": self.result.stop_reason,
+                "conversation": self.messages}
+
+    def finish(self, env: FleetEnv | None) -> RolloutResult:
+        result = self.result
+        if env is not None:
+            _fill_from_env(result, env)
+        result.timings.update(policy_s=self.policy_s,
+                              total_s=time.monotonic() - self.started)
+        result.transcript = self.messages
+        return result
 
 
 def _fill_from_env(result: RolloutResult, env: FleetEnv) -> None:

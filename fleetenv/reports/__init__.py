@@ -1,0 +1,29 @@
+"""Reports on results files: an HTML page per run and the comparison of two runs.
+
+``fleetenv report RUN.jsonl --html report.html`` and ``fleetenv report A.jsonl B.jsonl``
+are built on these; in Python::
+
+    run = load_run("run.jsonl")
+    write_html(run, "report.html")
+    print(compare_runs(load_run("a.jsonl"), load_run("b.jsonl")).format_table())
+"""
+
+from __future__ import annotations
+
+from fleetenv.reports.compare import Comparison, TaskDelta, compare_runs
+from fleetenv.reports.data import OUTCOMES, RunData, TaskStats, ToolStats, load_run, outcome_of
+from fleetenv.reports.html import render_html, write_html
+
+__all__ = [
+    "OUTCOMES",
+    "Comparison",
+    "RunData",
+    "TaskDelta",
+    "TaskStats",
+    "ToolStats",
+    "compare_runs",
+    "load_run",
+    "outcome_of",
+    "render_html",
+    "write_html",
+]

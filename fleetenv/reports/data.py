@@ -1,0 +1,227 @@
+"""What a report shows, computed once from a results file: per-task and per-tool numbers.
+
+Kept apart from the rendering so the HTML page, the text table and the comparison of two
+runs all count the same way, with the same rules as :func:`fleetenv.summarize`: only
+graded rewards enter means and pass rates; a failed or ungraded episode is counted, never
+scored as 0.0.
+
+Per-tool latency is not part of a results file; it comes from an events file
+(``ToolCallFinished`` lines written by a :class:`fleetenv.JsonlSink`) when one is given.
+Calls and errors per tool are read from the transcripts and ``tool_error_messages``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetenv.core.errors import ConfigurationError
+from fleetenv.rollouts.rollout import RolloutResult
+
+__all__ = [
+    "OUTCOMES",
+    "RunData",
+    "TaskStats",
+    "ToolStats",
+    "load_run",
+    "outcome_of",
+]
+
+#: Every episode has exactly one outcome; the report filters on these.
+OUTCOMES = ("passed", "failed", "ungraded", "error")
+
+
+def outcome_of(result: RolloutResult) -> str:
+    """``error`` (the rollout failed), ``passed`` (graded, reward >= 1), ``failed``
+    (graded, below 1) or ``ungraded`` (the verifier could not grade it)."""
+    if result.error is not None:
+        return "error"
+    if result.graded and result.reward is not None:
+        return "passed" if result.passed else "failed"
+    return "ungraded"
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _variance(values: list[float]) -> float | None:
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values)
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """One task's numbers over its episodes."""
+
+    task_key: str
+    episodes: int
+    graded: int
+    passed: int
+    errors: int
+    """Episodes that failed (provisioning, policy error, cancelled)."""
+    tool_errors: int
+    pass_rate: float | None
+    """Passed / graded (``None`` when nothing was graded)."""
+    mean_reward: float | None
+    reward_variance: float | None
+    """Population variance of the graded rewards (0.0 for one sample)."""
+    mean_time_s: float | None
+    """Mean ``total_s`` of the task's episodes."""
+
+    @classmethod
+    def of(cls, task_key: str, results: list[RolloutResult]) -> TaskStats:
+        rewards = [r.reward for r in results if r.graded and r.reward is not None]
+        times = [r.timings["total_s"] for r in results if "total_s" in r.timings]
+        passed = sum(1 for r in rewards if r >= 1.0)
+        return cls(
+            task_key=task_key, episodes=len(results), graded=len(rewards), passed=passed,
+            errors=sum(1 for r in results if r.error is not None),
+            tool_errors=sum(r.tool_errors for r in results),
+            pass_rate=passed / len(rewards) if rewards else None,
+            mean_reward=_mean(rewards), reward_variance=_variance(rewards),
+            mean_time_s=_mean(times),
+        )
+
+
+@dataclass
+class ToolStats:
+    """One tool's calls, errors and (with an events file) latencies in seconds."""
+
+    name: str
+    calls: int = 0
+    errors: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.calls if self.calls else None
+
+
+@dataclass
+class RunData:
+    """One run, ready to report: its results, manifest (if the file has one) and stats."""
+
+    path: Path
+    results: list[RolloutResult]
+    manifest: dict[str, Any] | None = None
+    tasks: list[TaskStats] = field(default_factory=list)
+    tools: list[ToolStats] = field(default_factory=list)
+    latency_source: str | None = None
+    """The events file the tool latencies came from (``None``: no latencies)."""
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def outcomes(self) -> dict[str, int]:
+        counts = dict.fromkeys(OUTCOMES, 0)
+        for result in self.results:
+            counts[outcome_of(result)] += 1
+        return counts
+
+    def task(self, key: str) -> TaskStats | None:
+        return next((t for t in self.tasks if t.task_key == key), None)
+
+
+def load_run(path: str | os.PathLike[str], *,
+             events: str | os.PathLike[str] | None = None) -> RunData:
+    """Read a results file (and optionally an events file) into a :class:`RunData`.
+
+    Raises ``ConfigurationError`` for a missing or empty file, ``ResultsFileError`` (from
+    :func:`fleetenv.read_results`) for a malformed line.
+    """
+    from fleetenv.rollouts.results import read_results
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigurationError("results file not found", file=str(file),
+                                 hint="pass the .jsonl path that 'fleetenv run' printed")
+    results = read_results(file)
+    if not results:
+        raise ConfigurationError("the results file has no results", file=str(file),
+                                 hint="it is written as episodes finish; was the run "
+                                 "interrupted before the first one?")
+    by_task: dict[str, list[RolloutResult]] = defaultdict(list)
+    for result in results:
+        by_task[result.task_key].append(result)
+    run = RunData(path=file, results=results, manifest=_read_manifest(file),
+                  tasks=[TaskStats.of(key, rs) for key, rs in sorted(by_task.items())])
+    tools = _tool_counts(results)
+    if events is not None:
+        run.latency_source = str(events)
+        _add_latencies(tools, Path(events), {r.rollout_id for r in results if r.rollout_id})
+    run.tools = sorted(tools.values(), key=lambda t: (-t.calls, t.name))
+    return run
+
+
+def _read_manifest(file: Path) -> dict[str, Any] | None:
+    """The run manifest, when the results module can read one (older files have none)."""
+    from fleetenv.rollouts import results as results_module
+
+    reader = getattr(results_module, "read_manifest", None)
+    if reader is None:
+        return None
+    manifest = reader(file)
+    if manifest is None:
+        return None
+    if hasattr(manifest, "to_dict"):
+        manifest = manifest.to_dict()
+    return dict(manifest) if isinstance(manifest, dict) else None
+
+
+def _tool_counts(results: list[RolloutResult]) -> dict[str, ToolStats]:
+    """Calls per tool from the assistant messages; errors from ``tool_error_messages``
+    (``"name(): message"``, one per failed call)."""
+    tools: dict[str, ToolStats] = {}
+    for result in results:
+        for message in result.transcript:
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") if isinstance(call, dict) else None
+                name = function.get("name") if isinstance(function, dict) else None
+                if isinstance(name, str):
+                    tools.setdefault(name, ToolStats(name)).calls += 1
+        for text in result.tool_error_messages:
+            name, sep, _ = text.partition("(): ")
+            if sep:
+                stats = tools.setdefault(name, ToolStats(name))
+                stats.errors += 1
+                stats.calls = max(stats.calls, stats.errors)
+    return tools
+
+
+def _add_latencies(tools: dict[str, ToolStats], events: Path, rollouts: set[str]) -> None:
+    """Durations of ``tool_call_finished`` events of this run's rollouts."""
+    try:
+        handle = events.open(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the events file: {exc.strerror}",
+                                 file=str(events),
+                                 hint="pass the file a JsonlSink wrote, or leave --events "
+                                 "out") from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                raise ConfigurationError(f"{events}:{number}: not valid JSON",
+                                         file=str(events),
+                                         hint="is this an events file written by "
+                                         "fleetenv.JsonlSink?") from None
+            if not isinstance(event, dict) or event.get("kind") != "tool_call_finished":
+                continue
+            if rollouts and event.get("rollout_id") not in rollouts:
+                continue
+            name, duration = event.get("tool_name"), event.get("duration_s")
+            if isinstance(name, str) and isinstance(duration, int | float):
+                tools.setdefault(name, ToolStats(name)).latencies_s.append(float(duration))

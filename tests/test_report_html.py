@@ -1,0 +1,343 @@
+"""``fleetenv report``: the HTML report and the comparison of two runs, on results of real
+runs against the local Fleet, rendered in a real headless Chromium driven over CDP.
+
+The runs: the reference policy (passes) and a failing policy that plants markup in a tool
+call's name, in a real tool result (``create_ticket`` echoes its subject) and in its final
+answer; a computer-use task brings real screenshots into the transcripts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from fleetenv.cli.main import main
+from fleetenv.core.config import resolve_config
+from fleetenv.core.event_bus import EventBus
+from fleetenv.core.event_sinks import JsonlSink
+from fleetenv.core.task_files import load_tasks
+from fleetenv.env.actions import FinalAnswer, ToolCall
+from fleetenv.local import LocalFleet
+from fleetenv.local.apps import bundled_tasks_path
+from fleetenv.local.cdp import Browser
+from fleetenv.reports import compare_runs, load_run, render_html
+from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
+from fleetenv.rollouts.results import ResultsWriter
+from fleetenv.rollouts.runner import Runner
+
+pytestmark = pytest.mark.timeout(120)
+
+TASKS = ("helpdesk-count-unassigned-open", "helpdesk-assign-api-ticket", "shop-count-shipped",
+         "helpdesk-ui-reply-and-resolve")
+SAMPLES = 2
+#: Markup a hostile transcript carries; none of it may run or become an element.
+EVIL_TOOL = '<img src=x onerror="window.__pwned=1">'
+EVIL_SUBJECT = "<script>window.__pwned=2</script>"
+EVIL_ANSWER = "</pre><script>window.__pwned=3</script>"
+
+
+def failing_policy(context: PolicyContext) -> Reply:
+    """Calls a tool that does not exist, then one whose result echoes markup, then answers
+    wrong: every episode is graded 0 (or fails on a tool error)."""
+    if context.turn == 0:
+        return Reply.from_actions([ToolCall(EVIL_TOOL, {"q": EVIL_SUBJECT})])
+    if context.turn == 1 and context.task.env_key == "helpdesk":
+        return Reply.from_actions([ToolCall("create_ticket", {
+            "customer_email": "xena.foster@juniperretail.com", "subject": EVIL_SUBJECT,
+            "description": EVIL_TOOL})])
+    return Reply.from_actions([FinalAnswer(EVIL_ANSWER)])
+
+
+@dataclass
+class Runs:
+    good: Path
+    bad: Path
+    good_events: Path
+
+
+@pytest.fixture(scope="module")
+def runs(local_fleet: LocalFleet, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """Two real runs of the same tasks: the reference policy, then the failing one."""
+    folder = tmp_path_factory.mktemp("runs")
+    tasks = [t for t in load_tasks(bundled_tasks_path()) if t.key in TASKS]
+    assert len(tasks) == len(TASKS)
+    config = resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url)
+    paths = Runs(folder / "good.jsonl", folder / "bad.jsonl", folder / "good.events.jsonl")
+    for path, policy, events in ((paths.good, ScriptedPolicy.reference(), paths.good_events),
+                                 (paths.bad, failing_policy, None)):
+        sink = JsonlSink(events) if events else None
+        bus = EventBus(sinks=[sink]) if sink else None
+        try:
+            with (Runner(workers=2, config=config, progress=False, events=bus) as runner,
+                  ResultsWriter(path, manifest={"policy": path.stem}) as writer):
+                for result in runner.run(tasks, policy, samples_per_task=SAMPLES):
+                    writer.write(result)
+        finally:
+            if sink:
+                sink.close()
+    return paths
+
+
+# ---------------------------------------------------------------------- a real browser
+
+
+class Page:
+    """One Chromium tab over CDP: navigate, evaluate, and every console error it logged."""
+
+    def __init__(self, ws: Any) -> None:
+        self._ws = ws
+        self._id = 0
+        self.errors: list[str] = []
+        self._events: list[dict[str, Any]] = []
+        for method in ("Runtime.enable", "Log.enable", "Page.enable"):
+            self.send(method)
+
+    def send(self, method: str, **params: Any) -> dict[str, Any]:
+        self._id += 1
+        ident = self._id
+        self._ws.send(json.dumps({"id": ident, "method": method, "params": params}))
+        while True:
+            message = json.loads(self._ws.recv(timeout=20))
+            if message.get("id") == ident:
+                if "error" in message:
+                    raise AssertionError(f"{method}: {message['error']}")
+                result: dict[str, Any] = message.get("result", {})
+                return result
+            self._note(message)
+
+    def _note(self, message: dict[str, Any]) -> None:
+        method, params = message.get("method"), message.get("params", {})
+        self._events.append(message)
+        if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "warning",
+                                                                           "assert"):
+            self.errors.append(f"console.{params['type']}: {params.get('args')}")
+        elif method == "Runtime.exceptionThrown":
+            self.errors.append(f"exception: {params.get('exceptionDetails')}")
+        elif method == "Log.entryAdded" and params["entry"].get("level") in ("error",
+                                                                             "warning"):
+            self.errors.append(f"log: {params['entry'].get('text')}")
+
+    def open(self, path: Path) -> None:
+        self._events.clear()
+        self.send("Page.navigate", url=path.resolve().as_uri())
+        while not any(e.get("method") == "Page.loadEventFired" for e in self._events):
+            self._note(json.loads(self._ws.recv(timeout=30)))
+
+    def eval(self, expression: str) -> Any:
+        reply = self.send("Runtime.evaluate", expression=expression, returnByValue=True,
+                          awaitPromise=True)
+        if "exceptionDetails" in reply:
+            raise AssertionError(f"{expression}: {reply['exceptionDetails']}")
+        return reply["result"].get("value")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Page]:
+    from websockets.sync.client import connect
+
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    chromium = Browser(executable, owner="test_report_html")
+    try:
+        anyio.run(chromium.start, 1280, 900)
+        described = anyio.run(chromium.describe)
+        with connect(described["cdp_page_url"], max_size=None, open_timeout=10) as ws:
+            yield Page(ws)
+    finally:
+        chromium.stop()
+
+
+def _report(runs: Runs, tmp_path: Path, *args: str) -> Path:
+    out = tmp_path / "report.html"
+    assert main(["report", str(runs.good), *args, "--html", str(out)]) == 0
+    return out
+
+
+def _visible(page: Page) -> int:
+    return int(page.eval("document.querySelectorAll('details.episode:not([hidden])').length"))
+
+
+def _choose(page: Page, select: str, value: str) -> None:
+    page.eval(f"(() => {{ const s = document.getElementById({json.dumps(select)}); "
+              f"s.value = {json.dumps(value)}; "
+              "s.dispatchEvent(new Event('change')); })()")
+
+
+# ---------------------------------------------------------------------- the tests
+
+
+def test_report_page_shows_the_run_and_filters_by_task_and_outcome(
+        runs: Runs, browser: Page, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    combined = tmp_path / "both.jsonl"
+    combined.write_text(runs.good.read_text() + runs.bad.read_text())
+    out = tmp_path / "report.html"
+    assert main(["report", str(combined), "--html", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "helpdesk-ui-reply-and-resolve" in printed  # the per-task table
+    assert f"HTML report: {out}" in printed
+    run = load_run(combined)
+    outcomes = run.outcomes()
+    total = len(TASKS) * SAMPLES * 2
+    assert outcomes["passed"] == len(TASKS) * SAMPLES
+    assert outcomes["failed"] == len(TASKS) * SAMPLES  # graded 0, not errors
+
+    browser.open(out)
+    assert browser.errors == []
+    assert browser.eval("document.querySelectorAll('details.episode').length") == total
+    assert browser.eval("document.getElementById('count-episodes').textContent") == str(total)
+    assert browser.eval("document.getElementById('count-passed').textContent") == str(
+        outcomes["passed"])
+    assert browser.eval("document.querySelectorAll('#tasks tr.task-row').length") == len(TASKS)
+    assert browser.eval("document.querySelectorAll('figure.plot svg').length") >= 3
+    assert _visible(browser) == total
+
+    _choose(browser, "filter-outcome", "passed")
+    assert _visible(browser) == outcomes["passed"]
+    assert browser.eval("document.getElementById('shown-count').textContent") == str(
+        outcomes["passed"])
+    _choose(browser, "filter-task", "shop-count-shipped")
+    assert _visible(browser) == SAMPLES
+    assert browser.eval("document.getElementById('shown-count').textContent") == str(SAMPLES)
+    _choose(browser, "filter-outcome", "failed")
+    assert _visible(browser) == SAMPLES
+    _choose(browser, "filter-outcome", "error")
+    assert _visible(browser) == 0
+    _choose(browser, "filter-outcome", "")
+    _choose(browser, "filter-task", "")
+    assert _visible(browser) == total
+    # Clicking a row of the task table shows that task's episodes.
+    browser.eval("document.querySelector('tr.task-row[data-task=\"helpdesk-assign-api-"
+                 "ticket\"]').click()")
+    assert _visible(browser) == 2 * SAMPLES
+    assert browser.eval("document.getElementById('filter-task').value") == (
+        "helpdesk-assign-api-ticket")
+    assert browser.errors == []
+
+
+def test_transcripts_show_screenshots_and_verifier_output(
+        runs: Runs, browser: Page, tmp_path: Path) -> None:
+    out = _report(runs, tmp_path)
+    browser.open(out)
+    assert browser.errors == []
+    # The computer-use task's screenshots are inline images that decoded.
+    shots = browser.eval("Array.from(document.querySelectorAll('img.shot'))"
+                         ".map(i => [i.decode ? 1 : 0, i.src.slice(0, 22)])")
+    assert shots and all(src == "data:image/png;base64," for _, src in shots)
+    widths = browser.eval("Promise.all(Array.from(document.querySelectorAll('img.shot'))"
+                          ".slice(0, 3).map(i => { i.loading = 'eager'; "
+                          "return i.decode().then(() => i.naturalWidth); }))")
+    assert widths and all(w > 100 for w in widths)
+    text = browser.eval("document.body.textContent")
+    assert "SUCCESS_ACCUMULATOR" in text  # the verifier's output
+    assert "tool result · get_ticket" in text
+    # Per-tool latencies come from the events file when it is given.
+    out = _report(runs, tmp_path, "--events", str(runs.good_events))
+    browser.open(out)
+    assert "Tool latency per tool (p50)" in browser.eval("document.body.textContent")
+    assert browser.errors == []
+
+
+def test_markup_in_transcripts_is_shown_as_text_and_never_runs(
+        runs: Runs, browser: Page, tmp_path: Path) -> None:
+    out = tmp_path / "bad.html"
+    assert main(["report", str(runs.bad), "--html", str(out)]) == 0
+    html = out.read_text()
+    # The transcript did carry the markup, in a tool call, a real tool result and an answer.
+    raw = runs.bad.read_text()
+    assert json.dumps(EVIL_SUBJECT)[1:-1] in raw and "create_ticket" in raw
+    assert html.count("<script") == 1  # the page's own script, nothing else
+    assert EVIL_SUBJECT not in html and EVIL_TOOL not in html
+    assert "&lt;script&gt;window.__pwned=2&lt;/script&gt;" in html
+    # Nothing is fetched: no remote URL anywhere but the SVG namespace.
+    assert re.findall(r"https?://[^\s\"'<>]+", html) == (
+        ["http://www.w3.org/2000/svg"] * html.count('xmlns="http://www.w3.org/2000/svg"'))
+    browser.open(out)
+    assert browser.errors == []
+    assert browser.eval("typeof window.__pwned") == "undefined"
+    assert browser.eval("document.scripts.length") == 1
+    assert browser.eval("document.querySelectorAll('[onerror], main img:not(.shot)').length") == 0
+    browser.eval("document.querySelectorAll('details.episode').forEach(d => d.open = true)")
+    text = browser.eval("document.body.innerText")
+    assert EVIL_SUBJECT in text and EVIL_ANSWER in text and EVIL_TOOL in text
+    assert browser.eval("typeof window.__pwned") == "undefined"
+
+
+def test_report_of_an_unparseable_image_url_embeds_nothing() -> None:
+    from fleetenv.reports.data import RunData, TaskStats
+    from fleetenv.rollouts.rollout import RolloutResult
+
+    urls = ("https://example.invalid/x.png", 'data:image/png;base64,AA" onerror="x',
+            "data:image/svg+xml;base64,PHN2Zz4=")
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    result = RolloutResult(task_key="t", env_key="e:v1",
+                           transcript=[{"role": "user", "content": parts}])
+    html = render_html(RunData(path=Path("r.jsonl"), results=[result],
+                               tasks=[TaskStats.of("t", [result])]))
+    assert "<img" not in html
+    assert html.count("[image not embedded:") == 3
+
+
+def test_compare_two_runs_task_by_task(
+        runs: Runs, browser: Page, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(runs.good), str(runs.bad)]) == 0
+    text = capsys.readouterr().out
+    for key in TASKS:
+        line = next(line for line in text.splitlines() if line.startswith(key))
+        assert line.endswith("new failure"), line
+        assert "-100 pt" in line and "-1.000" in line
+    assert f"{len(TASKS)} new failure" in text
+    # Both files carry a manifest; the field that differs is named.
+    assert "warning: policy differs: A good, B bad" in text
+
+    assert main(["report", str(runs.bad), str(runs.good), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdicts"] == {"fixed": len(TASKS)}
+    assert {t["pass_rate_delta"] for t in data["tasks"]} == {1.0}
+
+    out = tmp_path / "compare.html"
+    assert main(["report", str(runs.good), str(runs.bad), "--html", str(out)]) == 0
+    browser.open(out)
+    assert browser.errors == []
+    assert browser.eval("document.querySelectorAll('#compare tr[data-verdict=\"new failure\"]')"
+                        ".length") == len(TASKS)
+    assert browser.eval("document.getElementById('count-new-failure').textContent") == str(
+        len(TASKS))
+
+
+def test_compare_says_what_changed_between_similar_runs(runs: Runs, tmp_path: Path) -> None:
+    good = load_run(runs.good)
+    # Half the samples of one task fail in B: that task got worse, the rest stayed.
+    lines = runs.good.read_text().splitlines()
+    worse = []
+    dropped = False
+    for line in lines:
+        data = json.loads(line)
+        if data.get("task_key") == TASKS[0] and not dropped:
+            data["reward"], dropped = 0.0, True
+        worse.append(json.dumps(data))
+    other = tmp_path / "worse.jsonl"
+    other.write_text("\n".join(worse) + "\n")
+    comparison = compare_runs(good, load_run(other))
+    verdicts = {t.task_key: t.verdict for t in comparison.tasks}
+    assert verdicts[TASKS[0]] == "worse"
+    assert {verdicts[k] for k in TASKS[1:]} == {"same"}
+    assert comparison.tasks[0].task_key == TASKS[0]  # worst news first
+    assert comparison.warnings == []  # same manifest: comparable
+
+
+def test_report_refuses_three_files_and_stray_events(runs: Runs,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(runs.good), str(runs.good), str(runs.good)]) != 0
+    assert "one results file or two" in capsys.readouterr().err
+    assert main(["report", str(runs.good), "--events", str(runs.good_events),
+                 "--events", str(runs.good_events)]) != 0
+    assert "--events" in capsys.readouterr().err
