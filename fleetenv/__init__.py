@@ -24,6 +24,7 @@ _LAZY: dict[str, str] = {
     # tasks
     "Task": "fleetenv.core.tasks",
     "load_tasks": "fleetenv.core.task_files",
+    "select_tasks": "fleetenv.core.tasks",
     # episodes
     "FleetEnv": "fleetenv.env.fleet_env",
     "Observation": "fleetenv.env.observation",
@@ -46,6 +47,9 @@ _LAZY: dict[str, str] = {
     # rollouts, for trainers
     "Runner": "fleetenv.rollouts.runner",
     "run_episode": "fleetenv.rollouts.rollout",
+    "run_episode_async": "fleetenv.rollouts.async_rollout",
+    "RayRunner": "fleetenv.rollouts.ray_runner",
+    "WarmPool": "fleetenv.fleet.warm_pool",
     "RolloutResult": "fleetenv.rollouts.rollout",
     "PolicyContext": "fleetenv.rollouts.policy",
     "Reply": "fleetenv.rollouts.policy",
@@ -65,7 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.event_bus import EventBus
     from fleetenv.core.event_sinks import JsonlSink
     from fleetenv.core.task_files import load_tasks
-    from fleetenv.core.tasks import Task
+    from fleetenv.core.tasks import Task, select_tasks
     from fleetenv.core.vocabulary import GradeStatus, Modality, StopReason
     from fleetenv.env.actions import Done, FinalAnswer, ToolCall
     from fleetenv.env.fleet_env import FleetEnv
@@ -79,11 +83,14 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from fleetenv.fleet.session import Session
     from fleetenv.fleet.verifier import Grade
+    from fleetenv.fleet.warm_pool import WarmPool
     from fleetenv.local import LocalFleet
     from fleetenv.mcp.results import ToolResult
     from fleetenv.mcp.tools import Tool
+    from fleetenv.rollouts.async_rollout import run_episode_async
     from fleetenv.rollouts.metrics import summarize
     from fleetenv.rollouts.policy import PolicyContext, PolicySpec, Reply
+    from fleetenv.rollouts.ray_runner import RayRunner
     from fleetenv.rollouts.results import ResultsWriter, read_results
     from fleetenv.rollouts.rollout import RolloutResult, run_episode
     from fleetenv.rollouts.runner import Runner
@@ -123,6 +130,7 @@ __all__ = [
     "Observation",
     "PolicyContext",
     "PolicySpec",
+    "RayRunner",
     "Reply",
     "ResultsWriter",
     "RolloutResult",
@@ -133,6 +141,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolResult",
+    "WarmPool",
     "__version__",
     "evaluate_task",
     "evaluate_task_async",
@@ -141,5 +150,7 @@ __all__ = [
     "read_results",
     "resolve_config",
     "run_episode",
+    "run_episode_async",
+    "select_tasks",
     "summarize",
 ]
