@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fleetenv.core.retry import Deadline, RetryPolicy
+from fleetenv.core.retry import MIN_ATTEMPT_S, Deadline, RetryPolicy
 from fleetenv.errors import ConnectError, PermanentProvisioningError, ProvisioningError
 
 
@@ -79,3 +79,23 @@ def test_deadline_caps_and_expires() -> None:
     assert Deadline(None).remaining() is None and not Deadline(None).expired()
     deadline = Deadline(0.0)
     assert deadline.expired() and deadline.cap(5.0) == 0.0
+
+
+def test_no_attempt_is_started_with_a_sliver_of_the_budget_left() -> None:
+    # A pause that would end a hair before the budget does leaves the next attempt no
+    # time: it would only fail on the deadline and hide the real error. No retry then.
+    policy = RetryPolicy(base_s=0.1, cap_s=0.1, budget_s=None, rng=random.Random(0))
+    longest = 0.1  # the first pause is at most cap_s, whatever the jitter
+    assert policy.next_delay(1, Deadline(MIN_ATTEMPT_S / 2)) is None
+    assert policy.next_delay(1, Deadline(longest + MIN_ATTEMPT_S * 4)) is not None
+
+
+def test_a_deadline_extended_for_queueing_stops_at_its_limit() -> None:
+    budget, limit = Deadline(1.0), Deadline(1.5)
+    budget.extend(10.0, limit=limit)
+    remaining, ceiling = budget.remaining(), limit.remaining()
+    assert remaining is not None and ceiling is not None
+    assert abs(remaining - ceiling) < 0.05  # moved to the limit, not 10 s later
+    unbounded = Deadline(None)
+    unbounded.extend(5.0)
+    assert unbounded.remaining() is None

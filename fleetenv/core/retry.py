@@ -95,13 +95,21 @@ class Deadline:
         self._end = end
 
 
+#: The least time worth starting another attempt with. Why: a pause that ends a hair
+#: before the budget does left the next attempt a fraction of a millisecond, and its
+#: "deadline exceeded" then replaced the real answer (connection refused, a 503) in the
+#: error the caller saw.
+MIN_ATTEMPT_S = 0.05
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Retry what is worth retrying, with jittered backoff, until the budget is spent.
 
     ``budget_s`` bounds the whole operation, attempts and pauses together (``None``: only
     ``max_attempts`` bounds it). A retry is skipped when its pause would not end before
-    the budget does: waiting just to fail helps nobody.
+    the budget does, with at least ``MIN_ATTEMPT_S`` left for the attempt: waiting just to
+    fail helps nobody.
     """
 
     base_s: float = 1.0
@@ -141,7 +149,7 @@ class RetryPolicy:
             return None
         delay = self.backoff.delay(failures - 1)
         remaining = deadline.remaining()
-        if remaining is not None and remaining <= delay:
+        if remaining is not None and remaining <= delay + MIN_ATTEMPT_S:
             return None
         return delay
 

@@ -79,15 +79,19 @@ def run_sync(plan: Plan[T]) -> T:
             return result
         value, error = None, None
         try:
-            if isinstance(op, Blocking):
-                value = op.fn(*op.args)
-            else:
-                value = runtime.call(op.fn, *op.args, timeout=op.timeout)
+            value = _run_here(op)
         except Exception as exc:
             error = exc
         except BaseException as exc:  # Ctrl-C: the plan's cleanup goes on elsewhere
             _unwind_later(plan, exc)
             raise
+
+
+def _run_here(op: Blocking | OnLoop) -> Any:
+    """One operation, from the calling thread (which must not be the loop thread)."""
+    if isinstance(op, Blocking):
+        return op.fn(*op.args)
+    return runtime.call(op.fn, *op.args, timeout=op.timeout)
 
 
 async def run_async(plan: Plan[T]) -> T:
@@ -143,9 +147,6 @@ def _unwind(plan: Plan[Any], interruption: BaseException) -> None:
             return
         value, error = None, None
         try:
-            if isinstance(op, Blocking):
-                value = op.fn(*op.args)
-            else:
-                value = runtime.call(op.fn, *op.args, timeout=op.timeout)
+            value = _run_here(op)
         except Exception as exc:
             error = exc
