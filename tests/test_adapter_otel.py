@@ -293,3 +293,19 @@ def test_mcp_spans_nest_under_the_rollout(local_fleet: LocalFleet,
     assert calls == [f"MCP send tools/call {c.name}" for c in TASK.reference_solution or []]
     # Outside fleetenv's calls the rollout is not current: the caller's context is clean.
     assert not trace.get_current_span().get_span_context().is_valid
+
+
+def test_worker_process_rollouts_hang_from_the_callers_span(local_fleet: LocalFleet,
+                                                            telemetry: Telemetry) -> None:
+    # Their events come back with the result and are replayed in this process, in the
+    # context the rollout was submitted from.
+    config = resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url)
+    with (telemetry.tracer.start_as_current_span("evaluation") as evaluation,
+          Runner(workers=1, mode="processes", config=config,
+                 events=EventBus([telemetry.sink]), progress=False) as runner):
+        results = list(runner.run([TASK], "reference"))
+    assert results[0].reward == 1.0
+    (rollout,) = telemetry.spans("fleetenv.rollout")
+    assert rollout.parent is not None
+    assert rollout.parent.span_id == evaluation.get_span_context().span_id
+    assert len(children(telemetry.spans(), rollout)) >= 3

@@ -440,6 +440,7 @@ class Runner:
         # cannot stop an episode in another thread or process, so it must not pretend to.
         outer.set_running_or_notify_cancel()
         inner: Future[Any]
+        replay_in: contextvars.Context | None = None
         try:
             if self._on_loop(job.policy):
                 inner = self._loop().start(job)  # the caller's context goes along too
@@ -451,6 +452,9 @@ class Runner:
                                               cancel=self._token)
             else:
                 inner = self._executor.submit(run_job_collecting_events, job)
+                # The worker's events are replayed here later, in a copy of the caller's
+                # context, so a tracing sink hangs them from the caller's current span.
+                replay_in = contextvars.copy_context()
         except Exception as exc:  # a broken or shut-down pool: this rollout fails, not us
             self._slots.release()
             self._worker_lost = True
@@ -463,14 +467,15 @@ class Runner:
         with self._lock:
             self._running[outer] = inner
         self._progress.started()
-        inner.add_done_callback(lambda f: self._finished(job, f, outer))
+        inner.add_done_callback(lambda f: self._finished(job, f, outer, replay_in))
         return outer
 
-    def _finished(self, job: RolloutJob, inner: Future[Any],
-                  outer: Future[RolloutResult]) -> None:
+    def _finished(self, job: RolloutJob, inner: Future[Any], outer: Future[RolloutResult],
+                  replay_in: contextvars.Context | None = None) -> None:
         """Executor callback (any thread): turn whatever came back into a result."""
         try:
-            result = self._result_of(job, inner)
+            result = (self._result_of(job, inner) if replay_in is None
+                      else replay_in.run(self._result_of, job, inner))
         except Exception as exc:  # never leave the caller's future unresolved
             result = failed_result(job, RolloutWorkerError(
                 f"could not read the rollout's outcome: {type(exc).__name__}: {exc}",
