@@ -126,6 +126,8 @@ class Toolbox:
         )
         open_s = (retry.budget_s if retry is not None and retry.budget_s is not None
                   else self.config.connect_timeout_s * 3)
+        if retry is not None and retry.queue_budget_s is not None:
+            open_s += retry.queue_budget_s  # waiting for handshake slots is bounded apart
         self.router = router  # before opening: close must find it if we are cancelled
         try:
             yield OnLoop(router.aopen, timeout=watchdog(open_s))
