@@ -232,6 +232,12 @@ def test_a_string_task_says_how_to_get_the_task(session: Session) -> None:
         FleetEnv(_task(TOOL_TASK), session=session.config)  # type: ignore[arg-type]
 
 
+def test_run_episode_refuses_a_string_task_before_provisioning() -> None:
+    with pytest.raises(ArgumentTypeError) as raised:
+        fleetenv.run_episode(TOOL_TASK, "reference")  # type: ignore[arg-type]
+    assert f"run_episode(tasks[{TOOL_TASK!r}])" in str(raised.value)
+
+
 def test_summarize_says_what_to_pass(tmp_path: Any) -> None:
     with pytest.raises(TypeError, match="read_results"):
         summarize(str(tmp_path / "run.jsonl"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import GradeReason, GradeStatus, StopReason
 from fleetenv.env.actions import Action
+from fleetenv.env.argument_hints import task_type_error
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.env.observation import Observation
 from fleetenv.rollouts.policy import Policy, PolicyContext, Reply, as_policy
@@ -216,6 +218,10 @@ class Episode:
     (the transcript, the result record, the policy's time), so both stay one logic."""
 
     def __init__(self, task: Task, sample: int, system_prompt: str | None) -> None:
+        if isinstance(task, Mapping):  # a task dict, as FleetEnv and Runner take it
+            task = Task.model_validate(task)
+        elif not isinstance(task, Task):  # before any instance exists: raised, not recorded
+            raise task_type_error(task, where="run_episode")
         self.task = task
         self.started = time.monotonic()
         self.result = RolloutResult(task_key=task.key, env_key=task.env_spec, sample=sample)
