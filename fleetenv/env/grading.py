@@ -20,6 +20,7 @@ The first grade stored wins: every later look returns the same grade.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -89,8 +90,11 @@ def grade_once(session: Session, task: Task, instance: Instance | None,
         if computed is None:  # interrupted (Ctrl-C, a bug): record why, then propagate
             from fleetenv.fleet.verifier import Grade as _Grade
 
-            computed = _Grade.unknown(GradeReason.INTERRUPTED,
-                                      "grading was interrupted before the verifier answered")
+            cause = sys.exc_info()[1]  # what is propagating: named, so it can be found
+            computed = _Grade.unknown(
+                GradeReason.INTERRUPTED,
+                "grading was interrupted before the verifier answered"
+                + (f" ({type(cause).__name__}: {cause})" if cause is not None else ""))
         settled = _settle(state, computed)
         try:  # reported before waiters go on: a reset() must not report it first
             if settled and on_settled is not None:
