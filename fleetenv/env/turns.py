@@ -29,7 +29,7 @@ from fleetenv.env.actions import Action, Done, FinalAnswer, ToolCall, parse_acti
 from fleetenv.env.tool_call_parsing import PARSE_FORMATS, split_tool_calls
 
 __all__ = ["NO_TOOL_CALL_MODES", "Turn", "check_format", "check_no_tool_call", "is_turn",
-           "read_turn"]
+           "read_turn", "text_of"]
 
 #: What a turn without tool calls does: end the episode with its text as the final
 #: answer (``Done`` when there is no text), or nothing (the turn counts, the agent is
@@ -96,7 +96,7 @@ def _from_text(text: str, fmt: str, no_tool_call: str) -> Turn:
 
 def _from_message(message: Mapping[str, Any], fmt: str, no_tool_call: str) -> Turn:
     calls = message.get("tool_calls")
-    text = _text_of(message.get("content"))
+    text = text_of(message.get("content"))
     if calls:
         if not isinstance(calls, list | tuple):
             raise InvalidActionError(
@@ -124,7 +124,7 @@ def _from_actions(items: list[Any], text: str, no_tool_call: str, *, where: str)
     return Turn((*actions, ending), text=text, no_tool_call=True)
 
 
-def _text_of(content: object) -> str:
+def text_of(content: object) -> str:
     """The text of a message's ``content`` (a string or a list of parts)."""
     if isinstance(content, str):
         return content

@@ -377,14 +377,17 @@ class Runner:
             self.cancel()
             raise
         finally:
-            # Left early (break, or an error in the loop body): rollouts still queued in
-            # the executor are cancelled; the running ones finish (close() waits for them).
-            with self._lock:
-                queued = [self._running.get(f) for f in outstanding]
-            for inner in queued:
-                if inner is not None:
-                    inner.cancel()
+            self._drop_queued(outstanding)
             progress.close()
+
+    def _drop_queued(self, outstanding: Iterable[Future[RolloutResult]]) -> None:
+        """A run left early (break, or an error in the loop body): its rollouts still
+        queued in the executor are cancelled; the running ones finish (close() waits)."""
+        with self._lock:
+            queued = [self._running.get(f) for f in outstanding]
+        for inner in queued:
+            if inner is not None:
+                inner.cancel()
 
     def _prepare_policy(self, policy: PolicyLike) -> Any:
         """Validate once per run, not once per rollout: a typo in a spec should fail

@@ -127,11 +127,7 @@ async def iterate_async(runner: Runner, jobs: Iterator[RolloutJob],
                 outstanding.discard(future)
                 yield future.result()
     finally:
-        with runner._lock:
-            queued = [runner._running.get(f) for f in outstanding]
-        for inner in queued:
-            if inner is not None:
-                inner.cancel()
+        runner._drop_queued(outstanding)
         progress.close()
 
 

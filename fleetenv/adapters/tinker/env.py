@@ -49,6 +49,7 @@ from fleetenv.adapters.tinker.metrics import (
 from fleetenv.core.errors import EpisodeStateError
 from fleetenv.core.vocabulary import StopReason
 from fleetenv.env.actions import Done, FinalAnswer
+from fleetenv.env.turns import text_of
 
 if TYPE_CHECKING:
     from fleetenv.env.fleet_env import FleetEnv
@@ -227,21 +228,11 @@ def _tool_spec(tool: dict[str, Any]) -> dict[str, Any]:
                                                            "properties": {}}}
 
 
-def _text(content: object) -> str:
-    """The text of a renderer message's content (its ``text`` parts; no reasoning)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content
-                       if isinstance(part, dict) and part.get("type") == "text")
-    return ""
-
-
 def _fleet_turn(message: Any, no_tool_call: str) -> object:
     """The renderer's parsed assistant message as one fleetenv turn."""
     calls = message.get("tool_calls") or []
     if calls:
-        return {"role": "assistant", "content": _text(message["content"]),
+        return {"role": "assistant", "content": text_of(message["content"]),
                 "tool_calls": [
                     {"type": "function", "id": call.id,
                      "function": {"name": call.function.name,
@@ -252,7 +243,7 @@ def _fleet_turn(message: Any, no_tool_call: str) -> object:
                     for call in calls]}
     if no_tool_call == "noop":
         return []
-    text = _text(message["content"]).strip()
+    text = text_of(message["content"]).strip()
     return [FinalAnswer(text)] if text else [Done()]
 
 
