@@ -275,3 +275,56 @@ def test_only_the_main_thread_wakes_up_while_it_waits() -> None:
     worker.join(timeout=10)
     assert in_main >= 3  # sliced: this is what lets _thread.interrupt_main() through
     assert in_worker == [1]
+
+
+_INTERRUPTED_STARTS = r"""
+import random, signal, sys, threading, time
+from fleetenv import runtime
+
+async def nothing():
+    return 1
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+signal.signal(signal.SIGALRM, interrupt)
+random.seed(7)
+interrupted = 0
+for attempt in range(300):
+    runtime.shutdown()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0, 0.004))
+        runtime.call(nothing, timeout=30)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        time.sleep(0.005)  # a late alarm lands here, not in the next start
+    except KeyboardInterrupt:
+        interrupted += 1
+    except RuntimeError as error:  # CPython's Condition.wait, interrupted inside its lock
+        assert isinstance(error.__context__, KeyboardInterrupt), error
+        interrupted += 1
+signal.setitimer(signal.ITIMER_REAL, 0)
+assert runtime.call(nothing, timeout=30) == 1  # still works
+deadline = time.monotonic() + 20
+def loops():
+    return [t for t in threading.enumerate() if t.name == runtime.LOOP_THREAD_NAME]
+while len(loops()) > 1 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("interrupted", interrupted, "loops", len(loops()), flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGALRM")
+@pytest.mark.timeout(180)
+def test_ctrl_c_while_the_loop_starts_never_hangs_and_leaves_one_loop() -> None:
+    """Ctrl-C (here: an alarm raising KeyboardInterrupt) at random moments of starting the
+    loop. Before, anyio's ``start_blocking_portal`` joined its thread when interrupted
+    while it started, and that thread served forever: the caller hung. Now every start
+    returns, an abandoned loop stops itself, and the process exits."""
+    import subprocess
+
+    child = subprocess.run([sys.executable, "-c", _INTERRUPTED_STARTS], capture_output=True,
+                           text=True, timeout=150)
+    assert child.returncode == 0, child.stderr[-3000:]
+    words = child.stdout.split()
+    assert int(words[words.index("interrupted") + 1]) > 0, child.stdout  # it did interrupt
+    assert words[words.index("loops") + 1] == "1", child.stdout

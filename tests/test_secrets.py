@@ -15,6 +15,7 @@ import pytest
 import fleetenv
 import fleetenv.errors
 from fleetenv import FleetEnv, JsonlSink
+from fleetenv.core.errors import redact
 from fleetenv.core.event_bus import EventBus
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
@@ -94,3 +95,30 @@ def test_keys_appear_in_no_log_event_repr_error_or_results_file(
     assert local.base_url in debug_log.getvalue()  # the capture sees the HTTP traffic
     for secret in (LOCAL_TOKEN, WRONG_KEY, MODEL_KEY):
         assert secret not in everything, f"secret leaked: ...{secret[-12:]}"
+
+
+@pytest.mark.parametrize("text, secret", [
+    ("401 for Authorization: Bearer sk-abc123.def", "sk-abc123.def"),
+    ("authorization=Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA=="),
+    ("GET /x?token=xyz789&page=2", "xyz789"),
+    ('{"api_key": "fk-live-42"}', "fk-live-42"),
+    ("FLEET_API_KEY=fk-live-43 fleetenv run", "fk-live-43"),
+])
+def test_redaction_blanks_credentials(text: str, secret: str) -> None:
+    redacted = redact(text)
+    assert secret not in redacted and "***" in redacted
+
+
+@pytest.mark.parametrize("hint", [
+    "pass api_key=... (and base_url=...) for a key",
+    "set FLEET_API_KEY (or pass config=resolve_config(api_key=...))",
+    "api_key=None means: read FLEET_API_KEY",
+    "token=<your key>",
+    "Authorization: Bearer ***",
+    "basic auth works; the token expired",
+])
+def test_redaction_leaves_hints_that_name_no_credential_as_written(hint: str) -> None:
+    """Before, 'resolve_config(api_key=...))' came out as 'resolve_config(api_key=***'."""
+    assert redact(hint) == hint
+    error = fleetenv.errors.ConfigurationError("no Fleet API key", hint=hint)
+    assert str(error).endswith(f"(hint: {hint})")

@@ -27,16 +27,6 @@ class RunInterrupted(KeyboardInterrupt):
         self.summary = summary
 
 
-async def _nothing() -> None:
-    return None
-
-
-def _start_runtime() -> None:
-    from fleetenv.runtime import loop
-
-    loop.call(_nothing, timeout=30.0)
-
-
 @contextmanager
 def quiet_interrupts(*, debug: bool) -> Iterator[None]:
     """While the body runs, Ctrl-C silences logging (unless ``debug``) and raises
@@ -51,14 +41,7 @@ def quiet_interrupts(*, debug: bool) -> Iterator[None]:
             logging.disable(logging.CRITICAL)
         raise KeyboardInterrupt
 
-    # Start fleetenv's loop thread first, with Ctrl-C ignored for those milliseconds: a
-    # KeyboardInterrupt raised while anyio starts the loop's portal leaves it joining a
-    # thread that never ends (the process hangs instead of exiting).
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        _start_runtime()
-    finally:
-        signal.signal(signal.SIGINT, on_sigint)
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
     finally:

@@ -47,15 +47,26 @@ __all__ = [
 ]
 
 _SECRET_PATTERNS = (
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"),
-    re.compile(r"(?i)((?:api[_-]?key|token|authorization|secret)[\"']?\s*[:=]\s*[\"']?)[^\s\"'&,}]+"),
+    re.compile(r"(?i)(bearer\s+)([A-Za-z0-9._~+/=-]+)"),
+    re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?basic\s+)([A-Za-z0-9+/=]+)"),
+    re.compile(r"(?i)((?:api[_-]?key|token|authorization|secret)[\"']?\s*[:=]\s*[\"']?)"
+               r"([^\s\"'&,})\]]+)"),
 )
+#: Values that stand for a credential without being one, kept as written so hints stay
+#: readable: ``pass api_key=...``, ``api_key=None``, ``token=<your key>``, an already
+#: blanked ``***``, and the scheme word of ``Authorization: Bearer ***``.
+_PLACEHOLDER = re.compile(r"(?i)\.\.\.|none|null|\*+|<[^>]*>?|bearer|basic")
+
+
+def _blank(match: re.Match[str]) -> str:
+    value = match.group(2)
+    return match.group(0) if _PLACEHOLDER.fullmatch(value) else match.group(1) + "***"
 
 
 def redact(text: str) -> str:
     """Blank out anything that looks like a credential in ``text``."""
     for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(r"\1***", text)
+        text = pattern.sub(_blank, text)
     return text
 
 

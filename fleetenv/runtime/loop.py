@@ -1,7 +1,7 @@
 """The one background event loop of the process.
 
 Every piece of async work in fleetenv (MCP sessions, their HTTP pool) lives on a single
-daemon thread named ``fleetenv-loop``, started lazily through anyio's blocking portal.
+daemon thread named ``fleetenv-loop``, started lazily, that serves anyio's blocking portal.
 Blocking callers hand coroutines to it (`call`, `submit`); callers that run their own
 asyncio loop await it (`call_async`). There is never a loop per call or per thread, so
 loop-bound objects (httpx2 clients, MCP sessions) are created, used and closed on the
@@ -9,8 +9,11 @@ same loop, and Ctrl-C in a caller cancels the loop-side work instead of orphanin
 
 Lifecycle rules, each one learned the hard way (see the research notes):
 
-* The context manager returned by ``start_blocking_portal`` is kept alive: if it were
-  garbage-collected its finalizer would stop the portal.
+* The thread is fleetenv's own, not anyio's ``start_blocking_portal``: interrupted while
+  it starts, that context manager joins its thread, which serves until stopped, so one
+  Ctrl-C at the wrong millisecond hung the caller. Here the loop thread (which never
+  receives Ctrl-C) installs itself as the current loop; callers wait for it outside the
+  lock and may leave at any moment (`_Handoff`).
 * Interpreter exit runs the registered shutdown hooks (in the main thread, while the
   loop still runs: they close sessions, delete instances), then stops the loop.
 * After ``os.fork()`` the loop thread does not exist in the child. The child gets a fresh
@@ -24,6 +27,7 @@ Lifecycle rules, each one learned the hard way (see the research notes):
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import atexit
 import concurrent.futures
@@ -46,8 +50,6 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
     from anyio.abc import TaskGroup
     from anyio.from_thread import BlockingPortal
 
@@ -88,7 +90,8 @@ _CANCEL_GRACE_S = 2.0
 # Extra time the caller-side watchdog grants beyond an in-loop deadline: the in-loop
 # deadline is the real one; the watchdog only catches a wedged loop.
 _WATCHDOG_GRACE_S = 5.0
-# Upper bound for stopping the loop thread.
+# Upper bounds for starting and for stopping the loop thread.
+_START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
 
 logger = logging.getLogger("fleetenv.runtime")
@@ -99,7 +102,6 @@ class _Loop:
     """One running loop thread and what is needed to stop it."""
 
     portal: BlockingPortal
-    cm: AbstractContextManager[BlockingPortal]  # kept alive on purpose, see module docstring
     thread: threading.Thread
     aio: asyncio.AbstractEventLoop
     services: TaskGroup
@@ -110,6 +112,7 @@ class _Loop:
 
 _lock = threading.Lock()
 _state: _Loop | None = None
+_starting: _Handoff | None = None  # a start whose loop has not come up yet
 _generation = 0
 _exiting = False
 _hooks: list[Callable[[], None]] = []
@@ -127,43 +130,128 @@ def _current() -> _Loop:
     if state is not None:
         return state
     with _lock:
-        if _state is None:
-            if _exiting:
-                raise FleetEnvError(
-                    "the fleetenv runtime has shut down because the interpreter is exiting",
-                    hint="do not start fleetenv work from atexit handlers or finalizers",
-                )
-            _start()
-        assert _state is not None
-        return _state
+        if _state is not None:
+            return _state
+        if _exiting:
+            raise FleetEnvError(
+                "the fleetenv runtime has shut down because the interpreter is exiting",
+                hint="do not start fleetenv work from atexit handlers or finalizers",
+            )
+        handoff = _starting or _start()
+    return handoff.wait()
 
 
-def _start() -> None:
-    """Start the loop thread. Caller holds ``_lock``."""
-    global _state
-    from anyio.from_thread import start_blocking_portal
+def _start() -> _Handoff:
+    """Start the loop thread; it installs itself as the current loop. Caller holds ``_lock``.
 
-    cm = start_blocking_portal(name=LOOP_THREAD_NAME)
-    portal = cm.__enter__()
+    Callers wait for the loop *outside* the lock (`_Handoff.wait`), and the loop thread,
+    which never receives Ctrl-C, installs itself: so a caller interrupted while the loop
+    starts leaves at once, and the loop it started is the current one, not an orphan.
+    """
+    global _starting
+    handoff = _starting = _Handoff(_generation)
     try:
-        thread = portal.call(threading.current_thread)
-        aio = portal.call(asyncio.get_running_loop)
-        _, services = portal.start_task(_run_services, name="fleetenv-services")
-    except Exception:
-        cm.__exit__(None, None, None)
+        # Not ``Thread.start()`` here: it waits on a Condition, and Ctrl-C in that wait
+        # can leave the Condition's lock held, wedging the new thread in its bootstrap
+        # (seen in CPython 3.11). A bare thread starts the real one, out of Ctrl-C's reach.
+        _thread.start_new_thread(_spawn, (handoff,))
+    except Exception:  # no thread: nothing will install itself
+        _starting = None
         raise
-    _state = _Loop(
-        portal=portal, cm=cm, thread=thread, aio=aio, services=services, generation=_generation
-    )
+    return handoff
 
 
-async def _run_services(*, task_status: Any) -> None:
-    """Host long-lived tasks (session owners) in one task group that lives with the loop."""
+def _spawn(handoff: _Handoff) -> None:
+    try:
+        threading.Thread(target=_serve, args=(handoff,), name=LOOP_THREAD_NAME,
+                         daemon=True).start()
+    except Exception as exc:  # out of threads: the waiting caller is told
+        handoff.fail(exc)
+
+
+class _Handoff:
+    """One start of the loop thread, waited for by the callers that need it."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        # Released once the loop came up or failed. A bare lock, not an Event: Ctrl-C in
+        # the main thread inside ``Event.wait`` can leave the Event's Condition locked
+        # (it lands between the lock's acquire and the ``with`` that would release it),
+        # and the loop thread would then block forever in ``set()``.
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        self.loop: _Loop | None = None
+        self.error: Exception | None = None
+        #: Set under ``_lock`` by `shutdown()` (or a fork) before the loop came up: the
+        #: loop then stops instead of installing itself.
+        self.abandoned = False
+
+    def install(self, loop: _Loop) -> bool:
+        """From the loop thread: become the current loop; False if it must stop."""
+        global _state, _starting
+        with _lock:
+            if _starting is self:
+                _starting = None
+            if self.abandoned or _exiting or self.generation != _generation:
+                self.error = FleetEnvError("the fleetenv runtime shut down while its loop "
+                                           "was starting")
+                ok = False
+            else:
+                _state = self.loop = loop
+                ok = True
+        self._done.release()
+        return ok
+
+    def fail(self, error: Exception) -> None:
+        global _starting
+        with _lock:
+            if _starting is self:
+                _starting = None
+        self.error = error
+        self._done.release()
+
+    @property
+    def finished(self) -> bool:
+        return self.loop is not None or self.error is not None
+
+    def wait(self) -> _Loop:
+        if self._done.acquire(timeout=_START_TIMEOUT_S):
+            self._done.release()  # for the next caller waiting on the same start
+        if self.loop is not None:
+            return self.loop
+        if self.error is None:
+            raise FleetEnvError(
+                f"the {LOOP_THREAD_NAME} thread did not start within {_START_TIMEOUT_S:.0f} s",
+                hint="the machine may be out of threads or memory; report it if not")
+        raise FleetEnvError(f"the {LOOP_THREAD_NAME} thread could not start: "
+                            f"{self.error!r}") from self.error
+
+
+def _serve(handoff: _Handoff) -> None:
+    """The loop thread's body: serve the portal until it is stopped."""
     import anyio
 
-    async with anyio.create_task_group() as group:
-        task_status.started(group)
-        await anyio.sleep_forever()
+    try:
+        anyio.run(_serve_portal, handoff, backend="asyncio")
+    except Exception as exc:  # the loop could not start (or died): the caller is told
+        if not handoff.finished:
+            handoff.fail(exc)
+        else:
+            logger.warning("fleetenv loop thread ended with an error: %r", exc)
+
+
+async def _serve_portal(handoff: _Handoff) -> None:
+    import anyio
+    from anyio.from_thread import BlockingPortal
+
+    async with BlockingPortal() as portal, anyio.create_task_group() as services:
+        # Long-lived tasks (session owners) live in ``services``, with the loop.
+        state = _Loop(portal=portal, thread=threading.current_thread(),
+                      aio=asyncio.get_running_loop(), services=services,
+                      generation=handoff.generation)
+        if handoff.install(state):
+            await portal.sleep_until_stopped()
+        services.cancel_scope.cancel()
 
 
 def generation() -> int:
@@ -597,11 +685,20 @@ def shutdown() -> None:
     _refuse_loop_thread("fleetenv.runtime.shutdown()")
     _run_hooks()
     with _lock:
+        _abandon_start()
         state, _state = _state, None
         if state is not None:
             _generation += 1
     if state is not None:
         _stop(state)
+
+
+def _abandon_start() -> None:
+    """A loop still starting stops instead of installing itself. Caller holds ``_lock``."""
+    global _starting
+    if _starting is not None:
+        _starting.abandoned = True
+        _starting = None
 
 
 async def _cancel_jobs(state: _Loop) -> None:
@@ -647,8 +744,6 @@ def _stop(state: _Loop) -> None:
     if state.thread.is_alive():
         logger.warning("fleetenv loop thread did not exit within %s s", _STOP_TIMEOUT_S)
         _abandoned.append(state)
-        return
-    state.cm.__exit__(None, None, None)  # portal already stopped: this only joins the thread
 
 
 def _shutdown_at_exit() -> None:
@@ -680,13 +775,14 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _lock, _hooks_lock, _state, _generation
+    global _lock, _hooks_lock, _state, _starting, _generation
     # The forking thread held _lock; a fresh lock is simpler than reasoning about owners.
     _lock = threading.Lock()
     _hooks_lock = threading.Lock()
     if _state is not None:
         _abandoned.append(_state)
         _state = None
+    _starting = None  # its thread was the parent's
     _generation += 1
 
 
