@@ -139,6 +139,27 @@ def test_ctrl_c_during_provisioning_is_not_reported_as_a_bug(
 
 
 @pytest.mark.timeout(120)
+def test_ctrl_c_with_a_create_that_never_answers_still_exits(
+        local_fleet: LocalFleet, tmp_path: Path, faults: list[str]) -> None:
+    """The control plane holds the creates and never answers. Before, Ctrl-C left the
+    worker threads blocked on them and the exit joined those threads for the whole
+    provisioning budget (600 s). Now the run gives its creates a grace, then abandons
+    them: exit 130 and the one line, well within the 60 s ``interrupt_run`` allows."""
+    before = running_ids(local_fleet)
+    fault = local_fleet.faults.add("http_hang", route="/v1/env/instances*", method="POST")
+    faults.append(fault)
+    code, err, _ = interrupt_run(local_fleet, tmp_path,
+                                   lambda: fault_hits(local_fleet, fault) >= 3,
+                                   "three creates held")
+    assert code == 130, err
+    for word in NOISE:
+        assert word not in err, err
+    *_, last = err.strip().splitlines()
+    assert last.startswith("fleetenv run: interrupted: stopped 3 running episode(s)"), last
+    assert running_ids(local_fleet) <= before
+
+
+@pytest.mark.timeout(120)
 def test_ctrl_c_in_fleetenv_tools_prints_one_line(
         local_fleet: LocalFleet, faults: list[str]) -> None:
     before = running_ids(local_fleet)

@@ -469,3 +469,47 @@ def test_close_in_a_forked_child_leaves_the_parents_instance_alone(
         assert "tool_error" not in info, info
         env.close()
     assert _status_of(local_fleet, instance_id) == "stopped"
+
+
+HUNG_CREATE_SCRIPT = """
+    import os, sys, threading
+    import fleetenv
+    from fleetenv.errors import FleetEnvError
+    from fleetenv.local.apps import bundled_tasks_path
+
+    task = [t for t in fleetenv.load_tasks(bundled_tasks_path())
+            if t.modality == "tool_use"][0]
+    config = fleetenv.resolve_config(api_key=os.environ["T_KEY"],
+                                     base_url=os.environ["T_URL"],
+                                     run_tag=os.environ["T_TAG"])
+
+    def episode():
+        try:
+            fleetenv.FleetEnv(task, config=config).reset()
+        except FleetEnvError as exc:
+            print("ENDED", type(exc).__name__, exc, flush=True)
+
+    threading.Thread(target=episode).start()  # not a daemon: exit joins it
+    print("STARTED", flush=True)
+    sys.stdin.readline()  # the create is held: the main thread ends
+"""
+
+
+def test_exit_does_not_wait_out_a_create_that_never_answers(
+        local_fleet: LocalFleet, local_faults: Any) -> None:
+    """The main thread ends while a (non-daemon) thread waits on a create the control
+    plane holds forever. Interpreter exit joins that thread: before, for the create's
+    whole budget (600 s). Now exit gives calls under way ``EXIT_GRACE_S`` (10 s), then
+    abandons them, and the thread ends with an error that says so."""
+    local_faults.add("http_hang", route="/v1/env/instances*", method="POST")
+    tag = f"test-exit-hung-create-{uuid.uuid4().hex[:8]}"
+    child = _child(HUNG_CREATE_SCRIPT, local_fleet, tag)
+    assert child.stdout is not None and child.stdin is not None
+    assert child.stdout.readline().startswith("STARTED")
+    wait_for(lambda: _hits(local_faults, "http_hang") >= 1, 20, "a held create")
+    child.stdin.write("\n")
+    child.stdin.flush()
+    out, err = _finish(child, 60)  # the hang bound: grace plus the exit-time sweep
+    assert child.returncode == 0, err[-3000:]
+    assert "ENDED ProvisioningDeadlineExceeded" in out and "was abandoned" in out, err[-3000:]
+    assert _running_with_tag(local_fleet, tag) == []

@@ -292,3 +292,71 @@ def test_concurrent_threads_have_separate_scopes(server: TrickleServer) -> None:
         thread.start()
         thread.join()
     assert seen == [None]
+
+
+# ------------------------------------------------------------------ abandoning calls
+
+
+def _started(server: TrickleServer, count: int) -> None:
+    """Wait (polling, bounded) until the server holds ``count`` requests."""
+    deadline = time.monotonic() + 10
+    while sum(bool(c.request_line) for c in list(server.connections)) < count:
+        assert time.monotonic() < deadline, "the requests never reached the server"
+        time.sleep(0.01)
+
+
+def test_abandoned_calls_end_at_once_and_only_the_owners() -> None:
+    """A call that never answers (the server holds it) is given up by `abandon_calls`
+    long before its budget: the one owned by the run that gave up, not another's; the
+    error says it was abandoned and is not retried (one create sent, not a second)."""
+    import contextvars
+
+    from fleetenv.fleet.deadlines import abandon_calls, calls_owner
+    from fleetenv.fleet.provisioning import ProvisionRequest
+    from fleetenv.fleet.session import Session
+
+    run_a, run_b = object(), object()
+    outcomes: dict[str, tuple[BaseException | None, float]] = {}
+    with TrickleServer("stall") as server, \
+            Session(api_key="test-key", base_url=server.url, provision_budget_s=120,
+                    retry_base_s=0.05, retry_cap_s=0.1) as session:
+        pool = ManagerPool()
+        manager = ManagerClient(f"{server.url}/api/v1/env", pool=pool, instance_id="inst-3",
+                                timeout_s=120)
+        calls = {
+            "create": (run_a, lambda: session.provisioner.provision(
+                ProvisionRequest(env_key="demo", env_version="1", task_key="t-1"))),
+            "reset": (run_b, lambda: manager.reset(seed=1, timeout_s=120)),
+        }
+
+        def run(name: str) -> None:
+            owner, call = calls[name]
+            context = contextvars.copy_context()
+            context.run(calls_owner.set, owner)
+            outcomes[name] = context.run(_timed, call)
+
+        threads = {name: threading.Thread(target=run, args=(name,), daemon=True)
+                   for name in calls}
+        for thread in threads.values():
+            thread.start()
+        try:
+            _started(server, 2)
+            assert abandon_calls("run A stopped", grace_s=0.2, owner=run_a) == 1
+            threads["create"].join(SLACK)
+            assert not threads["create"].is_alive()
+            assert threads["reset"].is_alive()  # run B's call is untouched
+            assert abandon_calls("exiting", grace_s=0) == 1
+            threads["reset"].join(SLACK)
+            assert not threads["reset"].is_alive()
+        finally:
+            pool.close()
+            session.provisioner._unsure_tags.clear()
+        assert server.wait_closed()
+        created = [c for c in server.connections if "/v1/env/instances" in c.request_line]
+    for name, reason in (("create", "run A stopped"), ("reset", "exiting")):
+        error, seconds = outcomes[name]
+        assert isinstance(error, DeadlineExceeded), (name, repr(error))
+        assert f"was abandoned: {reason}" in str(error)
+        assert error.retryable is False and error.abandoned
+        assert seconds < 60, (name, seconds)  # not the 120 s budget
+    assert len(created) == 1  # never retried

@@ -135,6 +135,10 @@ class LoopThreadError(FleetEnvError, RuntimeError):
 class DeadlineExceeded(FleetEnvError, TimeoutError):
     """An operation ran past its timeout or the episode past its deadline."""
 
+    #: True when it did not run out but was given up on purpose (a cancelled run past
+    #: its grace, interpreter exit): see ``fleetenv.fleet.deadlines.abandon_calls``.
+    abandoned: bool = False
+
 
 class ConnectError(FleetEnvError, ConnectionError):
     """Could not reach an endpoint (nothing was sent that could have had an effect)."""

@@ -19,6 +19,7 @@ the runtime.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -108,7 +109,10 @@ async def run_async(plan: Plan[T]) -> T:
         try:
             if isinstance(op, Blocking):
                 pool = blocking_executor.get() or _blocking_pool()
-                value = await runtime.await_future(pool.submit(op.fn, *op.args))
+                # In the caller's context, as in the sync driver: its trace span, and
+                # whose calls these are (`fleetenv.fleet.deadlines.calls_owner`).
+                value = await runtime.await_future(
+                    pool.submit(contextvars.copy_context().run, op.fn, *op.args))
             else:
                 value = await runtime.call_async(op.fn, *op.args, timeout=op.timeout)
         except Exception as exc:

@@ -42,6 +42,11 @@ A scope's exit turns any exception raised after it fired into its ``DeadlineExce
 (chained to it), so a wrapper in between (fleet-python, fleetenv's retry loop) cannot
 hide the typed error. Scopes nest; an inner one never outlives the outer one.
 
+At interpreter exit, calls still out get `EXIT_GRACE_S` to finish, then are abandoned
+(`abandon_calls`: the scope fires with a non-retryable error and its sockets are shut
+down): a worker thread blocked on a create that never answers would otherwise hold the
+exit, which joins worker threads, for the create's whole budget.
+
 Not covered: MCP (its own deadlines live in ``fleetenv.mcp``), HTTP proxies taken from
 the environment (httpx builds its own transports for those), and a TLS handshake on the
 ``requests`` path (bounded per read by the connect timeout only).
@@ -49,10 +54,12 @@ the environment (httpx builds its own transports for those), and a TLS handshake
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401  # its exit hook must exist before ours
 import contextlib
 import contextvars
 import heapq
 import itertools
+import logging
 import os
 import socket
 import ssl
@@ -71,10 +78,13 @@ from fleetenv.core.errors import DeadlineExceeded, ProvisioningError
 from fleetenv.core.retry import Deadline
 
 __all__ = [
+    "EXIT_GRACE_S",
     "DeadlineAdapter",
     "DeadlineScope",
     "DeadlineTransport",
     "ProvisioningDeadlineExceeded",
+    "abandon_calls",
+    "calls_owner",
     "current_scope",
     "deadline_scope",
 ]
@@ -85,8 +95,16 @@ class ProvisioningDeadlineExceeded(DeadlineExceeded, ProvisioningError):
     so provisioning's own error handling passes it through unchanged."""
 
 
+logger = logging.getLogger("fleetenv.fleet")
+
 _current: contextvars.ContextVar[DeadlineScope | None] = contextvars.ContextVar(
     "fleetenv_deadline_scope", default=None)
+
+
+#: Who the calls made in this context belong to (a Runner's cancel token), so that
+#: `abandon_calls(owner=...)` gives up one run's calls and no one else's.
+calls_owner: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "fleetenv_calls_owner", default=None)
 
 
 def current_scope() -> DeadlineScope | None:
@@ -114,7 +132,10 @@ class DeadlineScope:
         self._error: DeadlineExceeded | None = None
         self._lock = threading.Lock()
         self._conns: set[Any] = set()
+        self._streams: set[httpcore.NetworkStream] = set()  # httpx reads under way
         self._armed = False
+        self.abandoned = False
+        self.owner: object | None = None
 
     def __repr__(self) -> str:
         return f"DeadlineScope({self.what!r}, {self.remaining():.2f} s left)"
@@ -137,11 +158,30 @@ class DeadlineScope:
                     retryable=self.retryable, **context)
             return self._error
 
+    def abandon(self, reason: str) -> None:
+        """Give the operation up now (interpreter exit): mark the scope fired with an
+        error that names ``reason`` and is never retried, and shut down the sockets it
+        is blocked on, so the call returns at once instead of at its deadline."""
+        with self._lock:
+            if not self.fired:
+                self.abandoned = self.fired = True
+                context = dict(self.context)
+                if self.endpoint and "endpoint" not in context:
+                    context["endpoint"] = self.endpoint
+                self._error = self.error_cls(
+                    f"{self.what} was abandoned: {reason}", retryable=False,
+                    hint="nothing to fix: it was stopped on purpose", **context)
+                self._error.abandoned = True
+            for conn in self._conns:
+                _shutdown(conn)
+            for stream in self._streams:
+                _shutdown_stream(stream)
+
     def cap(self, timeout: float | None) -> tuple[float, bool]:
         """``timeout`` shortened to the time left, and whether the deadline is the
         binding limit. Raises this scope's error when no time is left."""
         left = self.end - time.monotonic()
-        if left <= 0:
+        if left <= 0 or self.abandoned:
             raise self.error()
         if timeout is None or left <= timeout:
             return left, True
@@ -180,6 +220,20 @@ class DeadlineScope:
             for conn in conns:
                 _shutdown(conn)
 
+    # -- the httpx path: the streams a read or write is blocked on, for `abandon`
+
+    @contextlib.contextmanager
+    def blocking_on(self, stream: httpcore.NetworkStream) -> Iterator[None]:
+        with self._lock:
+            if self.abandoned:
+                raise self.error()
+            self._streams.add(stream)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._streams.discard(stream)
+
     def close(self) -> None:
         with self._lock:
             for conn in self._conns:
@@ -197,6 +251,70 @@ def _shutdown(conn: Any) -> None:
         return
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
+
+
+def _shutdown_stream(stream: httpcore.NetworkStream) -> None:
+    sock = stream.get_extra_info("socket")
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+# ---------------------------------------------------------------- interpreter exit
+
+#: How long interpreter exit lets calls still out (a create, a delete, a verification)
+#: finish before it abandons them. A create that answers within it leaves an instance
+#: that the exit-time cleanup deletes; one that never answers no longer holds the exit
+#: for its whole budget (600 s by default).
+EXIT_GRACE_S = 10.0
+
+_live: set[DeadlineScope] = set()  # the scopes of `deadline_scope` blocks under way
+_live_changed = threading.Condition()
+
+
+def _enter_live(scope: DeadlineScope) -> None:
+    with _live_changed:
+        _live.add(scope)
+
+
+def _leave_live(scope: DeadlineScope) -> None:
+    with _live_changed:
+        _live.discard(scope)
+        _live_changed.notify_all()
+
+
+def abandon_calls(reason: str, *, grace_s: float = EXIT_GRACE_S,
+                  owner: object | None = None) -> int:
+    """Wait up to ``grace_s`` for the calls under way to end, then abandon the rest
+    (`DeadlineScope.abandon`); returns how many were abandoned. Every thread's calls,
+    or only those made under ``calls_owner`` = ``owner``."""
+    def under_way() -> list[DeadlineScope]:
+        return [scope for scope in _live if owner is None or scope.owner is owner]
+
+    end = time.monotonic() + grace_s
+    with _live_changed:
+        while under_way() and (left := end - time.monotonic()) > 0:
+            _live_changed.wait(left)
+        stuck = under_way()
+    for scope in stuck:
+        logger.warning("%s: abandoned (%s)", scope.what, reason)
+        scope.abandon(reason)
+    return len(stuck)
+
+
+def _abandon_at_exit() -> None:
+    """Runs before interpreter exit joins worker threads (``threading``'s exit hooks,
+    which run before ``concurrent.futures`` joins its pools): a worker blocked on a
+    call that never answers would otherwise hold the exit until that call's deadline."""
+    if _live:
+        abandon_calls("the interpreter is exiting")
+
+
+# Registered after concurrent.futures' own hook (imported above), so it runs first:
+# threading runs its exit hooks in reverse order.
+_register_exit_hook = getattr(threading, "_register_atexit", None)
+if _register_exit_hook is not None:
+    _register_exit_hook(_abandon_at_exit)
 
 
 @contextlib.contextmanager
@@ -222,7 +340,9 @@ def deadline_scope(budget: float | Deadline | None, *, what: str, retryable: boo
     scope = DeadlineScope(seconds, what=what, retryable=retryable, error_cls=error_cls,
                           hint=hint, parent=parent, **context)
     scope.seconds = total if total is not None else seconds
+    scope.owner = calls_owner.get()
     token = _current.set(scope)
+    _enter_live(scope)
     try:
         yield scope
     except Exception as exc:
@@ -235,6 +355,7 @@ def deadline_scope(budget: float | Deadline | None, *, what: str, retryable: boo
     finally:
         _current.reset(token)
         scope.close()
+        _leave_live(scope)
     if scope.fired:  # e.g. a shut-down socket that looked like a clean end of body
         raise scope.error()
 
@@ -263,7 +384,8 @@ class _DeadlineStream(httpcore.NetworkStream):
             return self._inner.read(max_bytes, timeout)
         limit, binding = scope.cap(timeout)
         try:
-            return self._inner.read(max_bytes, limit)
+            with scope.blocking_on(self._inner):
+                return self._inner.read(max_bytes, limit)
         except httpcore.ReadTimeout:
             if binding:
                 raise scope.error() from None
@@ -276,7 +398,8 @@ class _DeadlineStream(httpcore.NetworkStream):
             return
         limit, binding = scope.cap(timeout)
         try:
-            self._inner.write(buffer, limit)
+            with scope.blocking_on(self._inner):
+                self._inner.write(buffer, limit)
         except httpcore.WriteTimeout:
             if binding:
                 raise scope.error() from None

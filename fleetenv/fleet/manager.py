@@ -250,6 +250,8 @@ class ManagerClient:
                 finally:
                     response.close()
         except DeadlineExceeded as exc:
+            if exc.abandoned:
+                raise  # given up on purpose (a cancelled run, exit): say so, not "late"
             raise late from exc
         except requests.Timeout as exc:
             raise late from exc

@@ -107,6 +107,7 @@ from fleetenv.core.errors import (
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import Modality, StopReason
+from fleetenv.fleet.deadlines import abandon_calls, calls_owner
 from fleetenv.fleet.provisioning import new_run_tag
 from fleetenv.fleet.registry import install_signal_handlers
 from fleetenv.fleet.session import Session
@@ -444,13 +445,16 @@ class Runner:
         outer.set_running_or_notify_cancel()
         inner: Future[Any]
         replay_in: contextvars.Context | None = None
+        # The caller's context (its current trace span, say) goes along with each job:
+        # one copy per job, as a context may be entered once at a time. The job's HTTP
+        # calls are this run's, for `close()` to give up on after a cancel.
+        context = contextvars.copy_context()
+        context.run(calls_owner.set, self._token)
         try:
             if self._on_loop(job.policy):
-                inner = self._loop().start(job)  # the caller's context goes along too
+                inner = context.run(self._loop().start, job)
             elif self._in_process:
-                # The caller's context (its current trace span, say) goes along with
-                # each job: one copy per job, as a context may be entered once at a time.
-                inner = self._executor.submit(contextvars.copy_context().run, run_job, job,
+                inner = self._executor.submit(context.run, run_job, job,
                                               session=self.session, events=self.events,
                                               cancel=self._token)
             else:
@@ -585,10 +589,16 @@ class Runner:
             if self.traces is not None:
                 self.traces.close(timeout_s=0)  # interrupted: stop uploading, count the rest
             raise
-        if not_done:
+        if not_done and not self._cancelled:
             logger.warning("%d rollout(s) still running after %.0f s; cancelling them",
                            len(not_done), bound)
             self.cancel()
+            _, not_done = concurrent.futures.wait(not_done, timeout=_CANCEL_GRACE_S)
+        if not_done:
+            # Still unwinding after the grace: what holds them is a call that does not
+            # answer (a create, say). Give up this run's calls, or the workers (and
+            # interpreter exit, which joins them) wait for the calls' whole budgets.
+            abandon_calls("the run was cancelled", grace_s=0, owner=self._token)
             _, not_done = concurrent.futures.wait(not_done, timeout=_CANCEL_GRACE_S)
         if self._cancelled or self._worker_lost:
             # After cancel(): again, for creates that finished during the first sweep.
