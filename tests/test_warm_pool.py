@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ from _support.waiting import poll_until
 from fleetenv.core.config import resolve_config
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.event_bus import EventBus
+from fleetenv.core.events import Event, ToolCallFailed
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.env.fleet_env import FleetEnv
@@ -116,6 +118,41 @@ def test_a_dirty_instance_is_never_reused(local_fleet: LocalFleet, local_faults:
         assert result.instance_id not in (timed_out, interrupted)
         assert pool.stats.created == 3 and pool.stats.reused == 0
         assert _running(local_fleet, session.run_tag) == [result.instance_id]
+
+
+def test_close_from_another_thread_during_a_tool_call_does_not_keep_the_instance(
+        local_fleet: LocalFleet, local_faults: Any) -> None:
+    """A graded close() lands while a tool call is out (it may still run on the server).
+    Before, the closing thread could hand the instance back before the failing call
+    marked it dirty (here the gap is widened by an event sink that is slow on the call's
+    ``ToolCallFailed``, which comes before the mark); now a call counts as out until it
+    settled, and the instance is not kept."""
+    tasks = _helpdesk_tasks()
+    config = resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url,
+                            tool_timeout_s=60)
+    closed = threading.Event()
+
+    def slow_sink(event: Event) -> None:
+        if isinstance(event, ToolCallFailed):
+            closed.wait(10)  # the close finishes first
+
+    with Session(config, events=EventBus(sinks=[slow_sink])) as session, \
+            WarmPool(session, max_instances=4) as pool:
+        hang = local_faults.add("tool_hang")
+        env = FleetEnv(tasks[0], session=session)
+        env.reset()
+        tool = env.openai_tools[0]["function"]["name"]
+        stepping = threading.Thread(target=env.step, args=({"name": tool, "arguments": {}},),
+                                    daemon=True)
+        stepping.start()
+        assert poll_until(lambda: any(f["id"] == hang and f.get("hits")
+                                      for f in local_fleet.faults.list()), 20)
+        env.close()  # graded, from this thread, with the call still out
+        closed.set()
+        stepping.join(30)
+        assert not stepping.is_alive()
+        local_faults.clear()
+        assert pool.idle == 0 and pool.stats.dirty == 1
 
 
 def test_an_instance_whose_reset_fails_is_replaced(local_fleet: LocalFleet,

@@ -629,25 +629,28 @@ class FleetEnv:
             return self._observation([], tool_name=name, call_id=call.id)
         state.tool_calls += 1
         started = time.perf_counter()
-        try:
-            result = yield from self._toolbox.call_plan(name, arguments, timeout_s)
-        except DeadlineExceeded as exc:
-            self._call_failed(name, time.perf_counter() - started, exc)
-            if state.deadline.expired():
-                state.stop(StopReason.TIME_LIMIT)
-            return self._tool_error(
-                call, f"{name} did not answer within {timeout_s:.0f} s; it may still have "
-                "run. Check the state before calling it again.", info)
-        except FleetEnvError as exc:
-            self._call_failed(name, time.perf_counter() - started, exc)
-            if (yield Blocking(self._lease.is_gone)):
-                state.stop(StopReason.INSTANCE_EXPIRED)
-                info["instance_error"] = str(exc)
-                return self._tool_error(call, f"the instance is gone: {exc.message}", info)
-            return self._tool_error(call, exc.message, info)
-        except Exception as exc:  # not ours to handle; still one event for the call
-            self._call_finished(name, "failed", time.perf_counter() - started, exc, str(exc))
-            raise
+        # Out until settled (its taint included), so a close() from another thread
+        # meanwhile never hands the instance to a warm pool.
+        with self._lease.call_out():
+            try:
+                result = yield from self._toolbox.call_plan(name, arguments, timeout_s)
+            except DeadlineExceeded as exc:
+                self._call_failed(name, time.perf_counter() - started, exc)
+                if state.deadline.expired():
+                    state.stop(StopReason.TIME_LIMIT)
+                return self._tool_error(
+                    call, f"{name} did not answer within {timeout_s:.0f} s; it may still have "
+                    "run. Check the state before calling it again.", info)
+            except FleetEnvError as exc:
+                self._call_failed(name, time.perf_counter() - started, exc)
+                if (yield Blocking(self._lease.is_gone)):
+                    state.stop(StopReason.INSTANCE_EXPIRED)
+                    info["instance_error"] = str(exc)
+                    return self._tool_error(call, f"the instance is gone: {exc.message}", info)
+                return self._tool_error(call, exc.message, info)
+            except Exception as exc:  # not ours to handle; still one event for the call
+                self._call_finished(name, "failed", time.perf_counter() - started, exc, str(exc))
+                raise
         duration_s = time.perf_counter() - started
         try:
             error = decide(self._tool_error_rule, result, tool=name)
@@ -802,7 +805,7 @@ class FleetEnv:
             try:
                 yield from self._toolbox.close_plan()
             finally:
-                self._lease.reusable = grade  # a warm pool may keep a cleanly closed one
+                self._lease.keep_if_clean(grade)  # a warm pool may keep a clean one
                 yield Blocking(self._lease.close)
                 if self._owns_session:
                     yield Blocking(self._lease.call_when_idle, (self.session.close,))

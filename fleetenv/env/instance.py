@@ -9,11 +9,12 @@ through the ``emit`` callback the env hands in, so they carry the rollout's ids.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -89,6 +90,26 @@ class InstanceLease:
         #: only when reusable and not tainted (see ``fleetenv.fleet.warm_pool``).
         self.reusable = False
         self.tainted = False
+        #: Tool calls sent and not yet settled (a close from another thread may land
+        #: while one is out: the instance is then not reusable, taint or not).
+        self._calls_out = 0
+
+    @contextlib.contextmanager
+    def call_out(self) -> Iterator[None]:
+        """Count a tool call as out for its whole life, the taint included: the count
+        drops only after the call's failure (if any) marked the instance."""
+        with self._lock:
+            self._calls_out += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls_out -= 1
+
+    def keep_if_clean(self, clean: bool) -> None:
+        """Set by a closing env: reusable when it closed cleanly and no call is out."""
+        with self._lock:
+            self.reusable = clean and not self._calls_out
 
     @property
     def instance_id(self) -> str | None:
