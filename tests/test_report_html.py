@@ -162,6 +162,12 @@ def _report(runs: Runs, tmp_path: Path, *args: str) -> Path:
     return out
 
 
+def _report_file(results: Path, tmp_path: Path) -> str:
+    out = tmp_path / f"{results.stem}.html"
+    assert main(["report", str(results), "--html", str(out)]) == 0
+    return out.read_text()
+
+
 def _visible(page: Page) -> int:
     return int(page.eval("document.querySelectorAll('details.episode:not([hidden])').length"))
 
@@ -239,11 +245,38 @@ def test_transcripts_show_screenshots_and_verifier_output(
     text = browser.eval("document.body.textContent")
     assert "SUCCESS_ACCUMULATOR" in text  # the verifier's output
     assert "tool result · get_ticket" in text
-    # Per-tool latencies come from the events file when it is given.
+    # Per-tool latencies come from the results' tool timings...
+    assert "Tool latency per tool (p50)" in text
+    # ...or from the events file when it is given.
     out = _report(runs, tmp_path, "--events", str(runs.good_events))
     browser.open(out)
     assert "Tool latency per tool (p50)" in browser.eval("document.body.textContent")
     assert browser.errors == []
+
+
+def test_tool_latencies_come_from_the_results_and_old_files_say_what_to_do(
+        runs: Runs, tmp_path: Path) -> None:
+    from fleetenv.reports.data import load_run
+    from fleetenv.rollouts.results import read_results
+
+    results = read_results(runs.good)
+    for result in results:  # one timing per call sent, in order, each answered
+        assert len(result.tool_timings) == result.tool_calls > 0
+        assert {t["outcome"] for t in result.tool_timings} == {"ok"}
+        assert all(t["seconds"] > 0 for t in result.tool_timings)
+    run = load_run(runs.good)
+    assert run.latency_source == "results"
+    # Every call sent is timed (a local tool such as submit_final_answer is not sent).
+    assert sum(len(t.latencies_s) for t in run.tools) == sum(r.tool_calls for r in results)
+    # A file written before tool timings existed: no chart, and the way to get one.
+    old = tmp_path / "old.jsonl"
+    lines = [json.loads(line) for line in runs.good.read_text().splitlines() if line]
+    for line in lines:
+        line.pop("tool_timings", None)
+    old.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert load_run(old).latency_source is None
+    page = _report_file(old, tmp_path)
+    assert "has no tool timings" in page and "--events EVENTS.jsonl" in page
 
 
 def test_markup_in_transcripts_is_shown_as_text_and_never_runs(

@@ -695,6 +695,9 @@ class FleetEnv:
                        exc: BaseException | None = None, error: str | None = None) -> None:
         if outcome == "failed":
             self._lease.tainted = True  # it may still run there: never reuse the instance
+        if outcome in ("ok", "tool_error", "failed"):  # sent (not refused, not local)
+            self._state.tool_timings.append(
+                {"tool": name, "seconds": round(duration_s, 6), "outcome": outcome})
         self._emit(ToolCallFinished, tool_name=name, step=self._state.step, outcome=outcome,
                    duration_s=duration_s, error_type=type(exc).__name__ if exc else None,
                    error=error)

@@ -41,6 +41,9 @@ class EpisodeStats:
     """Turns without a tool call that did nothing (``no_tool_call="noop"``)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds: ``provision_s``, ``steps_s``, ``verify_s``."""
+    tool_timings: tuple[dict[str, Any], ...] = ()
+    """Per tool call sent: ``{"tool", "seconds", "outcome"}`` (``ok``, ``tool_error``,
+    ``failed``), in order."""
 
 
 class EpisodeState:
@@ -69,6 +72,7 @@ class EpisodeState:
         self.deadline = Deadline(deadline_s)
         self.started_at = time.monotonic()
         self.timings: dict[str, float] = {"provision_s": 0.0, "steps_s": 0.0, "verify_s": 0.0}
+        self.tool_timings: list[dict[str, Any]] = []
         self._completed = False
         self._lock = threading.Lock()
 
@@ -141,7 +145,8 @@ class EpisodeState:
                             tool_errors=len(self.tool_error_messages),
                             tool_error_messages=tuple(self.tool_error_messages),
                             parse_errors=self.parse_errors, noop_turns=self.noop_turns,
-                            timings=dict(self.timings))
+                            timings=dict(self.timings),
+                            tool_timings=tuple(dict(t) for t in self.tool_timings))
 
     def grade_info(self) -> dict[str, Any]:
         """The grade's fields as they appear in ``step()``'s final ``info``."""

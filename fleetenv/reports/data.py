@@ -5,9 +5,10 @@ runs all count the same way, with the same rules as :func:`fleetenv.summarize`: 
 graded rewards enter means and pass rates; a failed or ungraded episode is counted, never
 scored as 0.0.
 
-Per-tool latency is not part of a results file; it comes from an events file
-(``ToolCallFinished`` lines written by a :class:`fleetenv.JsonlSink`) when one is given.
-Calls and errors per tool are read from the transcripts and ``tool_error_messages``.
+Per-tool latency comes from the results' ``tool_timings``, or, for files written before
+they were recorded, from an events file (``ToolCallFinished`` lines written by a
+:class:`fleetenv.JsonlSink`) when one is given. Calls and errors per tool are read from
+the transcripts and ``tool_error_messages``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class TaskStats:
 
 @dataclass
 class ToolStats:
-    """One tool's calls, errors and (with an events file) latencies in seconds."""
+    """One tool's calls, errors and latencies in seconds (when the run recorded them)."""
 
     name: str
     calls: int = 0
@@ -114,7 +115,8 @@ class RunData:
     tasks: list[TaskStats] = field(default_factory=list)
     tools: list[ToolStats] = field(default_factory=list)
     latency_source: str | None = None
-    """The events file the tool latencies came from (``None``: no latencies)."""
+    """Where the tool latencies came from: the events file, ``"results"``, or ``None``
+    (no latencies)."""
 
     @property
     def name(self) -> str:
@@ -157,6 +159,13 @@ def load_run(path: str | os.PathLike[str], *,
     if events is not None:
         run.latency_source = str(events)
         _add_latencies(tools, Path(events), {r.rollout_id for r in results if r.rollout_id})
+    elif any(r.tool_timings for r in results):
+        run.latency_source = "results"
+        for result in results:
+            for timing in result.tool_timings:
+                name, seconds = timing.get("tool"), timing.get("seconds")
+                if isinstance(name, str) and isinstance(seconds, int | float):
+                    tools.setdefault(name, ToolStats(name)).latencies_s.append(float(seconds))
     run.tools = sorted(tools.values(), key=lambda t: (-t.calls, t.name))
     return run
 

@@ -160,8 +160,9 @@ def _plots(run: RunData) -> str:
             title="Tool latency per tool (p50)"))
     else:
         charts.append('<figure class="plot"><figcaption>Tool latency per tool</figcaption>'
-                      '<p class="empty">Latencies are not in results files: pass the run\'s '
-                      "events file (<code>--events EVENTS.jsonl</code>, written by a "
+                      '<p class="empty">This results file has no tool timings (it was '
+                      "written before they were recorded): pass the run's events file "
+                      "(<code>--events EVENTS.jsonl</code>, written by a "
                       "<code>JsonlSink</code>) to chart them.</p></figure>")
     return f'<div class="plots">{"".join(charts)}</div>'
 

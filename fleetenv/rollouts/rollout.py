@@ -72,6 +72,9 @@ class RolloutResult:
     empty for policies that report nothing."""
     tools: list[dict[str, Any]] = field(default_factory=list)
     """The tools the agent was offered (OpenAI function format), as at its first turn."""
+    tool_timings: list[dict[str, Any]] = field(default_factory=list)
+    """Per tool call sent, in order: ``{"tool", "seconds", "outcome"}`` (outcome ``ok``,
+    ``tool_error`` or ``failed``); what ``fleetenv report`` charts tool latency from."""
     transcript: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -297,6 +300,7 @@ def _fill_from_env(result: RolloutResult, env: FleetEnv) -> None:
     result.tool_calls = stats.tool_calls
     result.tool_errors = stats.tool_errors
     result.tool_error_messages = list(stats.tool_error_messages)
+    result.tool_timings = [dict(t) for t in stats.tool_timings]
     result.instance_id = result.instance_id or env.last_instance_id
     result.final_answer = env.final_answer
     result.timings.update(stats.timings)
