@@ -374,3 +374,27 @@ def test_report_refuses_three_files_and_stray_events(runs: Runs,
     assert main(["report", str(runs.good), "--events", str(runs.good_events),
                  "--events", str(runs.good_events)]) != 0
     assert "--events" in capsys.readouterr().err
+
+
+def test_screenshots_past_the_image_budget_become_notes(runs: Runs, tmp_path: Path) -> None:
+    """A computer-use run holds hundreds of MB of screenshots; the page embeds at most
+    ``--max-image-mb`` of them, in episode order, and says how many it left out."""
+    from fleetenv.rollouts.results import read_results
+
+    urls = [part["image_url"]["url"] for r in read_results(runs.good) for m in r.transcript
+            if isinstance(m.get("content"), list) for part in m["content"]
+            if part.get("type") == "image_url"]
+    assert len(urls) >= 2
+    out = tmp_path / "budget.html"
+    budget_mb = (len(urls[0]) + 1) / 1e6  # room for the first screenshot only
+    assert main(["report", str(runs.good), "--html", str(out),
+                 "--max-image-mb", repr(budget_mb)]) == 0
+    page = out.read_text()
+    assert page.count('<img class="shot"') == 1
+    assert f"{len(urls) - 1} screenshot(s) not embedded" in page
+    assert page.count("[screenshot not embedded") == len(urls) - 1
+    assert main(["report", str(runs.good), "--html", str(out), "--max-image-mb", "0"]) == 0
+    assert '<img class="shot"' not in out.read_text()
+    default = _report_file(runs.good, tmp_path)  # 50 MB: all of this small run
+    assert default.count('<img class="shot"') == len(urls)
+    assert "not embedded" not in default

@@ -37,11 +37,25 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--html", type=Path, default=None, metavar="REPORT.html",
                         help="also write a self-contained HTML report to this file")
+    parser.add_argument("--max-image-mb", type=non_negative_float, default=None,
+                        metavar="MB", help="screenshots the HTML report embeds, at most "
+                        "(default 50; 0: none); past it, a note per screenshot")
     parser.add_argument("--events", type=Path, action="append", default=None,
                         metavar="EVENTS.jsonl",
                         help="the run's events file (a JsonlSink's), for per-tool "
                         "latencies; with two runs, give it twice (A's, then B's)")
     return parser
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number of at least 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a number of at least 0")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +94,10 @@ def _report(run_data: Any, args: argparse.Namespace) -> int:
         print()
         print(_task_table(run_data))
     if args.html is not None:
-        written = write_html(run_data, args.html)
+        from fleetenv.reports.html import MAX_IMAGE_MB
+
+        limit = MAX_IMAGE_MB if args.max_image_mb is None else args.max_image_mb
+        written = write_html(run_data, args.html, max_image_mb=limit)
         print(f"HTML report: {written}")
     return 0
 

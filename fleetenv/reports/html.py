@@ -20,11 +20,14 @@ from typing import Any
 from fleetenv.reports.assets import CSS, SCRIPT, content_security_policy
 from fleetenv.reports.data import OUTCOMES, RunData, outcome_of
 from fleetenv.reports.plots import Bar, bar_chart, histogram
-from fleetenv.reports.transcript import render_transcript
+from fleetenv.reports.transcript import ImageBudget, render_transcript
 from fleetenv.rollouts.metrics import percentile, summarize
 from fleetenv.rollouts.rollout import RolloutResult
 
-__all__ = ["page", "render_html", "write_html"]
+__all__ = ["MAX_IMAGE_MB", "page", "render_html", "write_html"]
+
+#: Default megabytes of screenshots a report embeds (``fleetenv report --max-image-mb``).
+MAX_IMAGE_MB = 50.0
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -49,31 +52,44 @@ def page(title: str, body: str) -> str:
         f"<body><main>{body}</main><script>{SCRIPT}</script></body></html>\n")
 
 
-def render_html(run: RunData) -> str:
-    """The whole report page for ``run``."""
+def render_html(run: RunData, *, max_image_mb: float = MAX_IMAGE_MB) -> str:
+    """The whole report page for ``run``, with at most ``max_image_mb`` of screenshots
+    (in episode order; the rest are notes, and the summary says how many)."""
+    images = ImageBudget(int(max_image_mb * 1e6))
+    episodes = _episodes(run, images)
     generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = [
         f"<h1>fleetenv report: {escape(run.name)}</h1>",
         f'<p class="sub">{len(run.results)} episodes over {len(run.tasks)} tasks · '
         f"generated {escape(generated)}</p>",
         _summary(run),
+        _skipped_images(images),
         _manifest(run.manifest),
         "<h2>Tasks</h2>",
         '<p class="note">Click a task to show its episodes.</p>',
         _task_table(run),
         "<h2>Distributions</h2>",
         _plots(run),
-        _episodes(run),
+        episodes,
     ]
     return page(f"fleetenv report: {run.name}", "".join(body))
 
 
-def write_html(run: RunData, path: str | os.PathLike[str]) -> Path:
+def write_html(run: RunData, path: str | os.PathLike[str], *,
+               max_image_mb: float = MAX_IMAGE_MB) -> Path:
     """Write the report for ``run`` to ``path`` (parents created); returns the path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(run), encoding="utf-8")
+    out.write_text(render_html(run, max_image_mb=max_image_mb), encoding="utf-8")
     return out
+
+
+def _skipped_images(images: ImageBudget) -> str:
+    if not images.skipped:
+        return ""
+    return (f'<p class="note">{images.skipped} screenshot(s) not embedded: the page holds '
+            f"at most {images.max_bytes / 1e6:g} MB of them (<code>--max-image-mb</code> "
+            "sets it). The results file has them all.</p>")
 
 
 def _card(value: str, key: str, ident: str = "") -> str:
@@ -167,7 +183,7 @@ def _plots(run: RunData) -> str:
     return f'<div class="plots">{"".join(charts)}</div>'
 
 
-def _episodes(run: RunData) -> str:
+def _episodes(run: RunData, images: ImageBudget) -> str:
     task_options = "".join(f'<option value="{escape(t.task_key, quote=True)}">'
                            f"{escape(t.task_key)} ({t.episodes})</option>" for t in run.tasks)
     counts = run.outcomes()
@@ -180,10 +196,10 @@ def _episodes(run: RunData) -> str:
             f"{outcome_options}</select></label>"
             f'<span><span id="shown-count">{len(run.results)}</span> of '
             f"{len(run.results)} shown</span></div>")
-    return head + "".join(_episode(index, r) for index, r in enumerate(run.results))
+    return head + "".join(_episode(index, r, images) for index, r in enumerate(run.results))
 
 
-def _episode(index: int, result: RolloutResult) -> str:
+def _episode(index: int, result: RolloutResult, images: ImageBudget) -> str:
     outcome = outcome_of(result)
     total = result.timings.get("total_s")
     reward = "-" if result.reward is None else f"{result.reward:g}"
@@ -212,7 +228,7 @@ def _episode(index: int, result: RolloutResult) -> str:
         items = "".join(f"<li>{escape(m)}</li>" for m in result.tool_error_messages)
         parts.append(f"<details><summary>Tool errors ({len(result.tool_error_messages)})"
                      f"</summary><ul>{items}</ul></details>")
-    parts.append(render_transcript(result.transcript, result.tool_error_messages))
+    parts.append(render_transcript(result.transcript, result.tool_error_messages, images))
     verifier = []
     if result.verifier_stdout:
         verifier.append(f"<h4>verifier output</h4><pre>{escape(result.verifier_stdout)}</pre>")

@@ -13,11 +13,29 @@ import re
 from html import escape
 from typing import Any
 
-__all__ = ["render_transcript", "safe_image_url"]
+__all__ = ["ImageBudget", "render_transcript", "safe_image_url"]
 
 _DATA_IMAGE = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,[A-Za-z0-9+/=\s]+")
 #: Longest text part shown whole; longer ones are cut with a note (the file has it all).
 MAX_TEXT_CHARS = 40_000
+
+
+class ImageBudget:
+    """How many bytes of inline images a page may still embed. Screenshots dominate a
+    report's size (a computer-use run of a few hundred episodes holds hundreds of MB of
+    them), so past the budget an image becomes a note; the results file keeps them all."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.left = max_bytes
+        self.skipped = 0
+
+    def take(self, url: str) -> bool:
+        if len(url) <= self.left:
+            self.left -= len(url)
+            return True
+        self.skipped += 1
+        return False
 
 
 def safe_image_url(url: object) -> str | None:
@@ -34,7 +52,7 @@ def _text(text: str) -> str:
     return f"<pre>{escape(text)}</pre>"
 
 
-def _content(content: Any) -> str:
+def _content(content: Any, images: ImageBudget | None = None) -> str:
     """A message's ``content``: a string, a list of OpenAI parts, or nothing."""
     if content is None:
         return ""
@@ -52,7 +70,11 @@ def _content(content: Any) -> str:
             image = part.get("image_url")
             url = image.get("url") if isinstance(image, dict) else image
             safe = safe_image_url(url)
-            if safe is not None:
+            if safe is not None and images is not None and not images.take(safe):
+                out.append(f'<p class="note">[screenshot not embedded: the page\'s image '
+                           f"budget ({images.max_bytes / 1e6:g} MB) is spent; the results "
+                           "file has it]</p>")
+            elif safe is not None:
                 out.append(f'<img class="shot" alt="screenshot" loading="lazy" '
                            f'src="{escape(safe, quote=True)}">')
             else:
@@ -87,9 +109,10 @@ def _calls(calls: Any) -> str:
     return "".join(out)
 
 
-def render_transcript(messages: list[dict[str, Any]], tool_errors: list[str]) -> str:
+def render_transcript(messages: list[dict[str, Any]], tool_errors: list[str],
+                      images: ImageBudget | None = None) -> str:
     """The messages in order; a tool message whose text starts like a reported tool error
-    is marked as one."""
+    is marked as one. Inline images within ``images`` (default: all)."""
     names: dict[str, str] = {}
     out = []
     for message in messages:
@@ -111,7 +134,7 @@ def render_transcript(messages: list[dict[str, Any]], tool_errors: list[str]) ->
                     e.startswith(f"{name}(): ") and e[len(name) + 4:][:60] in text
                     for e in tool_errors):
                 css += " tool-error"
-        body = _content(message.get("content"))
+        body = _content(message.get("content"), images)
         if role == "assistant":
             body += _calls(message.get("tool_calls"))
         out.append(f'<div class="msg {css}"><div class="role">{escape(label)}</div>'
