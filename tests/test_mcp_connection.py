@@ -328,3 +328,20 @@ def test_a_reply_stream_held_open_does_not_hold_the_call() -> None:
             assert connection.call_tool("echo", {"text": str(index)}).texts == [str(index)]
         # every answer arrived while its stream was still held open by the server
         assert server_app.sse_replies >= 5 and server_app.ended == 0
+
+
+def test_a_burst_of_first_connections_builds_the_ssl_context_once() -> None:
+    """Sessions that start before the process's SSL context exists all wait for one
+    build. Before, each started its own ``fleetenv-ssl`` thread (12 seen at start-up)."""
+    from fleetenv.mcp import http
+
+    async def burst() -> tuple[int, int]:
+        http._ssl_context = http._ssl_building = None  # as in a fresh process
+        tasks = [asyncio.ensure_future(http._shared_ssl_context()) for _ in range(20)]
+        await asyncio.sleep(0)  # every task has asked for the context by now
+        building = sum(t.name == "fleetenv-ssl" for t in threading.enumerate())
+        contexts = await asyncio.gather(*tasks)
+        return building, len({id(c) for c in contexts})
+
+    building, distinct = runtime.call(burst, timeout=60)
+    assert building <= 1 and distinct == 1

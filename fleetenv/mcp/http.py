@@ -23,6 +23,7 @@ rest of a reply it closes (`fleetenv.mcp.keepalive`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -48,6 +49,7 @@ HANDSHAKES_ENV = "FLEETENV_MCP_MAX_HANDSHAKES"
 
 _ssl_context: ssl.SSLContext | None = None
 _ssl_generation = -1
+_ssl_building: tuple[int, asyncio.Future[ssl.SSLContext]] | None = None
 
 _WRITE_TIMEOUT_S = 30.0
 _POOL_TIMEOUT_S = 30.0
@@ -65,14 +67,26 @@ def _build_ssl_context() -> ssl.SSLContext:
 
 
 async def _shared_ssl_context() -> ssl.SSLContext:
-    global _ssl_context, _ssl_generation
-    if _ssl_context is None or _ssl_generation != runtime.generation():
+    global _ssl_context, _ssl_generation, _ssl_building
+    generation = runtime.generation()
+    if _ssl_context is not None and _ssl_generation == generation:
+        return _ssl_context
+    if _ssl_building is None or _ssl_building[0] != generation:
         # Loading the CA bundle takes tens of ms of CPU: do it in a short-lived thread so
-        # the loop keeps serving other sessions meanwhile.
-        built = await runtime.in_short_thread(_build_ssl_context, name="fleetenv-ssl")
-        if _ssl_context is None or _ssl_generation != runtime.generation():  # lost no race
-            _ssl_context, _ssl_generation = built, runtime.generation()
-    return _ssl_context
+        # the loop keeps serving other sessions meanwhile, once: every session that
+        # starts before it is done awaits the same build (a burst of first connections
+        # used to start a thread each).
+        _ssl_building = (generation, asyncio.ensure_future(
+            runtime.in_short_thread(_build_ssl_context, name="fleetenv-ssl")))
+    building = _ssl_building
+    try:
+        built = await asyncio.shield(building[1])  # a cancelled waiter leaves it to others
+    except Exception:
+        if _ssl_building is building:
+            _ssl_building = None  # the next session tries again
+        raise
+    _ssl_context, _ssl_generation = built, generation
+    return built
 
 
 async def connection_client(
