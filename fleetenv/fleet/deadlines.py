@@ -45,7 +45,8 @@ hide the typed error. Scopes nest; an inner one never outlives the outer one.
 At interpreter exit, calls still out get `EXIT_GRACE_S` to finish, then are abandoned
 (`abandon_calls`: the scope fires with a non-retryable error and its sockets are shut
 down): a worker thread blocked on a create that never answers would otherwise hold the
-exit, which joins worker threads, for the create's whole budget.
+exit, which joins worker threads, for the create's whole budget. A cancelled ``Runner``
+does the same for its own calls (``calls_owner``) after its grace.
 
 Not covered: MCP (its own deadlines live in ``fleetenv.mcp``), HTTP proxies taken from
 the environment (httpx builds its own transports for those), and a TLS handshake on the
@@ -159,9 +160,10 @@ class DeadlineScope:
             return self._error
 
     def abandon(self, reason: str) -> None:
-        """Give the operation up now (interpreter exit): mark the scope fired with an
-        error that names ``reason`` and is never retried, and shut down the sockets it
-        is blocked on, so the call returns at once instead of at its deadline."""
+        """Give the operation up now (a cancelled run past its grace, interpreter exit):
+        mark the scope fired with an error that names ``reason`` and is never retried,
+        and shut down the sockets it is blocked on, so the call returns at once instead
+        of at its deadline."""
         with self._lock:
             if not self.fired:
                 self.abandoned = self.fired = True
