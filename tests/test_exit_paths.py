@@ -513,3 +513,63 @@ def test_exit_does_not_wait_out_a_create_that_never_answers(
     assert child.returncode == 0, err[-3000:]
     assert "ENDED ProvisioningDeadlineExceeded" in out and "was abandoned" in out, err[-3000:]
     assert _running_with_tag(local_fleet, tag) == []
+
+
+PROCESS_RUNNER_SCRIPT = """
+    import os
+    import fleetenv
+    from fleetenv.local.apps import bundled_tasks_path
+
+    task = [t for t in fleetenv.load_tasks(bundled_tasks_path())
+            if t.modality == "tool_use"][0]
+    config = fleetenv.resolve_config(api_key=os.environ["T_KEY"],
+                                     base_url=os.environ["T_URL"],
+                                     run_tag=os.environ["T_TAG"])
+    print("RUNNING", flush=True)
+    with fleetenv.Runner(workers=2, mode="processes", config=config, progress=False) as r:
+        for result in r.run([task, task], "reference"):
+            print("RESULT", result.task_key, flush=True)
+"""
+
+
+def _processes_marked(mark: str) -> list[int]:
+    """Live processes whose environment carries ``mark`` (the child and its workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as handle:
+                    if mark.encode() in handle.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_ctrl_c_stops_worker_processes_blocked_on_a_create(
+        local_fleet: LocalFleet, local_faults: Any) -> None:
+    """Process mode, creates that never answer, Ctrl-C. Before, the parent's exit joined
+    worker processes blocked on their creates for the whole budget (600 s), and killing
+    the parent left them running. Now the Runner terminates its own pool's workers after
+    its grace: the parent exits well within the bound and no worker is left."""
+    local_faults.add("http_hang", route="/v1/env/instances*", method="POST")
+    tag = f"test-exit-process-create-{uuid.uuid4().hex[:8]}"
+    mark = f"FLEETENV_TEST_MARK_{uuid.uuid4().hex}"
+    env = dict(os.environ, T_KEY=local_fleet.token, T_URL=local_fleet.base_url, T_TAG=tag)
+    env[mark] = "1"
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROCESS_RUNNER_SCRIPT)],
+                             env=env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)  # workers must not hold our pipes
+    try:
+        assert child.stdout is not None and child.stdout.readline().startswith("RUNNING")
+        wait_for(lambda: _hits(local_faults, "http_hang") >= 2, 60, "two held creates")
+        child.send_signal(signal.SIGINT)
+        child.wait(60)  # the hang bound: a 15 s grace, then the workers are stopped
+        assert poll_until(lambda: _processes_marked(mark) == [], 20), _processes_marked(mark)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for pid in _processes_marked(mark):
+            os.kill(pid, signal.SIGKILL)
+    assert _running_with_tag(local_fleet, tag) == []

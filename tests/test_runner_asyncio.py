@@ -72,6 +72,8 @@ def _comparable(result: RolloutResult) -> dict[str, Any]:
     for name in ("rollout_id", "instance_id", "timings", "verifier_execution_id",
                  "verifier_stdout"):
         data.pop(name)
+    for timing in data["tool_timings"]:  # the same calls and outcomes, not the seconds
+        timing.pop("seconds")
     for message in data["transcript"]:
         message.pop("tool_call_id", None)
         for call in message.get("tool_calls") or []:

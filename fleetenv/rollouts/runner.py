@@ -86,6 +86,7 @@ fail the run: they are logged once and counted in ``runner.trace_report()``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import contextvars
 import logging
 import multiprocessing
@@ -599,6 +600,12 @@ class Runner:
             # answer (a create, say). Give up this run's calls, or the workers (and
             # interpreter exit, which joins them) wait for the calls' whole budgets.
             abandon_calls("the run was cancelled", grace_s=0, owner=self._token)
+            if not self._in_process and self._owns_executor and self._made_executor:
+                # Worker processes do not share this process's calls: stop them. Each
+                # deletes the instances it holds on SIGTERM, then exits; the run's tag
+                # is swept below for what they could not.
+                _terminate_workers(self._made_executor)
+                self._worker_lost = True
             _, not_done = concurrent.futures.wait(not_done, timeout=_CANCEL_GRACE_S)
         if self._cancelled or self._worker_lost:
             # After cancel(): again, for creates that finished during the first sweep.
@@ -638,6 +645,19 @@ class Runner:
         if exc_type is not None:
             self.cancel()
         self.close()
+
+
+def _terminate_workers(executor: Executor) -> None:
+    """SIGTERM the worker processes of a process pool (``terminate_workers`` on Python
+    3.14+, the pool's processes before)."""
+    terminate = getattr(executor, "terminate_workers", None)
+    if callable(terminate):
+        terminate()
+        return
+    processes: dict[Any, Any] = getattr(executor, "_processes", None) or {}
+    for process in list(processes.values()):
+        with contextlib.suppress(Exception):  # already gone
+            process.terminate()
 
 
 def _check_mode(mode: object, executor: Executor | None) -> str:
