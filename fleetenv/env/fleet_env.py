@@ -625,7 +625,8 @@ class FleetEnv:
         if timeout_s <= 0:
             state.stop(StopReason.TIME_LIMIT)
             self._call_finished(name, "failed", 0.0, DeadlineExceeded("not sent"),
-                                "the episode deadline passed before the call was sent")
+                                "the episode deadline passed before the call was sent",
+                                sent=False)
             return self._observation([], tool_name=name, call_id=call.id)
         state.tool_calls += 1
         started = time.perf_counter()
@@ -692,10 +693,11 @@ class FleetEnv:
         self._call_finished(name, "failed", duration_s, exc, str(exc))
 
     def _call_finished(self, name: str, outcome: str, duration_s: float,
-                       exc: BaseException | None = None, error: str | None = None) -> None:
+                       exc: BaseException | None = None, error: str | None = None, *,
+                       sent: bool = True) -> None:
         if outcome == "failed":
             self._lease.tainted = True  # it may still run there: never reuse the instance
-        if outcome in ("ok", "tool_error", "failed"):  # sent (not refused, not local)
+        if sent and outcome in ("ok", "tool_error", "failed"):  # not refused, not local
             self._state.tool_timings.append(
                 {"tool": name, "seconds": round(duration_s, 6), "outcome": outcome})
         self._emit(ToolCallFinished, tool_name=name, step=self._state.step, outcome=outcome,
