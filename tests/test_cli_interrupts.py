@@ -94,6 +94,14 @@ def interrupt_run(fleet: LocalFleet, tmp_path: Path, when: Callable[[], bool], w
     return proc.returncode, err, out
 
 
+def quiet_lines(code: int, err: str) -> list[str]:
+    """The lines of an interrupted run's stderr, checked: exit 130 and none of the noise."""
+    assert code == 130, err
+    for word in NOISE:
+        assert word not in err, err
+    return err.strip().splitlines()
+
+
 @pytest.mark.timeout(120)
 def test_ctrl_c_during_tool_calls_prints_one_line_and_deletes_the_instances(
         local_fleet: LocalFleet, tmp_path: Path, faults: list[str]) -> None:
@@ -103,10 +111,7 @@ def test_ctrl_c_during_tool_calls_prints_one_line_and_deletes_the_instances(
     code, err, out = interrupt_run(local_fleet, tmp_path,
                                    lambda: fault_hits(local_fleet, fault) >= 3,
                                    "three held tool calls")
-    assert code == 130, err
-    for word in NOISE:
-        assert word not in err, err
-    lines = err.strip().splitlines()
+    lines = quiet_lines(code, err)
     assert lines[0].startswith("running 1 task(s) x 3 sample(s)")
     assert len(lines) == 2, err  # the start line, then the one interrupt line
     assert lines[1] == (f"fleetenv run: interrupted: stopped 3 running episode(s) and "
@@ -128,10 +133,7 @@ def test_ctrl_c_during_provisioning_is_not_reported_as_a_bug(
     code, err, out = interrupt_run(local_fleet, tmp_path,
                                    lambda: fault_hits(local_fleet, fault) >= 1,
                                    "a create in flight")
-    assert code == 130, err
-    for word in NOISE:
-        assert word not in err, err
-    *_, last = err.strip().splitlines()
+    *_, last = quiet_lines(code, err)
     assert last.startswith("fleetenv run: interrupted: stopped ")
     assert f"0 finished episode(s) are in {out}" in last
     assert len([line for line in err.splitlines() if "interrupted" in line]) == 1
@@ -149,12 +151,9 @@ def test_ctrl_c_with_a_create_that_never_answers_still_exits(
     fault = local_fleet.faults.add("http_hang", route="/v1/env/instances*", method="POST")
     faults.append(fault)
     code, err, _ = interrupt_run(local_fleet, tmp_path,
-                                   lambda: fault_hits(local_fleet, fault) >= 3,
-                                   "three creates held")
-    assert code == 130, err
-    for word in NOISE:
-        assert word not in err, err
-    *_, last = err.strip().splitlines()
+                                 lambda: fault_hits(local_fleet, fault) >= 3,
+                                 "three creates held")
+    *_, last = quiet_lines(code, err)
     assert last.startswith("fleetenv run: interrupted: stopped 3 running episode(s)"), last
     assert running_ids(local_fleet) <= before
 

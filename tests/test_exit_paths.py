@@ -471,7 +471,8 @@ def test_close_in_a_forked_child_leaves_the_parents_instance_alone(
     assert _status_of(local_fleet, instance_id) == "stopped"
 
 
-HUNG_CREATE_SCRIPT = """
+# One tool-use task and a config for this process's local Fleet, in a child process.
+ONE_TASK_PREAMBLE = """
     import os, sys, threading
     import fleetenv
     from fleetenv.errors import FleetEnvError
@@ -482,7 +483,9 @@ HUNG_CREATE_SCRIPT = """
     config = fleetenv.resolve_config(api_key=os.environ["T_KEY"],
                                      base_url=os.environ["T_URL"],
                                      run_tag=os.environ["T_TAG"])
+"""
 
+HUNG_CREATE_SCRIPT = ONE_TASK_PREAMBLE + """
     def episode():
         try:
             fleetenv.FleetEnv(task, config=config).reset()
@@ -515,16 +518,7 @@ def test_exit_does_not_wait_out_a_create_that_never_answers(
     assert _running_with_tag(local_fleet, tag) == []
 
 
-PROCESS_RUNNER_SCRIPT = """
-    import os
-    import fleetenv
-    from fleetenv.local.apps import bundled_tasks_path
-
-    task = [t for t in fleetenv.load_tasks(bundled_tasks_path())
-            if t.modality == "tool_use"][0]
-    config = fleetenv.resolve_config(api_key=os.environ["T_KEY"],
-                                     base_url=os.environ["T_URL"],
-                                     run_tag=os.environ["T_TAG"])
+PROCESS_RUNNER_SCRIPT = ONE_TASK_PREAMBLE + """
     print("RUNNING", flush=True)
     with fleetenv.Runner(workers=2, mode="processes", config=config, progress=False) as r:
         for result in r.run([task, task], "reference"):

@@ -149,14 +149,11 @@ class DeadlineScope:
         with self._lock:
             self.fired = True
             if self._error is None:
-                context = dict(self.context)
-                if self.endpoint and "endpoint" not in context:
-                    context["endpoint"] = self.endpoint
-                self._error = self.error_cls(
+                self._error = self._new_error(
                     f"{self.what} did not finish within its {self.seconds:g} s deadline",
                     hint=self.hint or "the server accepted the request but did not answer "
                     "in time; retry later or raise the timeout",
-                    retryable=self.retryable, **context)
+                    retryable=self.retryable)
             return self._error
 
     def abandon(self, reason: str) -> None:
@@ -167,17 +164,21 @@ class DeadlineScope:
         with self._lock:
             if not self.fired:
                 self.abandoned = self.fired = True
-                context = dict(self.context)
-                if self.endpoint and "endpoint" not in context:
-                    context["endpoint"] = self.endpoint
-                self._error = self.error_cls(
-                    f"{self.what} was abandoned: {reason}", retryable=False,
-                    hint="nothing to fix: it was stopped on purpose", **context)
+                self._error = self._new_error(
+                    f"{self.what} was abandoned: {reason}",
+                    hint="nothing to fix: it was stopped on purpose", retryable=False)
                 self._error.abandoned = True
             for conn in self._conns:
                 _shutdown(conn)
             for stream in self._streams:
                 _shutdown_stream(stream)
+
+    def _new_error(self, message: str, *, hint: str, retryable: bool) -> DeadlineExceeded:
+        """This scope's error class with its context (and the endpoint, once known)."""
+        context = dict(self.context)
+        if self.endpoint and "endpoint" not in context:
+            context["endpoint"] = self.endpoint
+        return self.error_cls(message, hint=hint, retryable=retryable, **context)
 
     def cap(self, timeout: float | None) -> tuple[float, bool]:
         """``timeout`` shortened to the time left, and whether the deadline is the

@@ -161,11 +161,7 @@ def load_run(path: str | os.PathLike[str], *,
         _add_latencies(tools, Path(events), {r.rollout_id for r in results if r.rollout_id})
     elif any(r.tool_timings for r in results):
         run.latency_source = "results"
-        for result in results:
-            for timing in result.tool_timings:
-                name, seconds = timing.get("tool"), timing.get("seconds")
-                if isinstance(name, str) and isinstance(seconds, int | float):
-                    tools.setdefault(name, ToolStats(name)).latencies_s.append(float(seconds))
+        _add_result_latencies(tools, results)
     run.tools = sorted(tools.values(), key=lambda t: (-t.calls, t.name))
     return run
 
@@ -205,6 +201,15 @@ def _tool_counts(results: list[RolloutResult]) -> dict[str, ToolStats]:
                 stats.errors += 1
                 stats.calls = max(stats.calls, stats.errors)
     return tools
+
+
+def _add_result_latencies(tools: dict[str, ToolStats], results: list[RolloutResult]) -> None:
+    """Durations from the results' own ``tool_timings`` (one per call sent)."""
+    for result in results:
+        for timing in result.tool_timings:
+            name, seconds = timing.get("tool"), timing.get("seconds")
+            if isinstance(name, str) and isinstance(seconds, int | float):
+                tools.setdefault(name, ToolStats(name)).latencies_s.append(float(seconds))
 
 
 def _add_latencies(tools: dict[str, ToolStats], events: Path, rollouts: set[str]) -> None:

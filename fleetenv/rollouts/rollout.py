@@ -300,7 +300,7 @@ def _fill_from_env(result: RolloutResult, env: FleetEnv) -> None:
     result.tool_calls = stats.tool_calls
     result.tool_errors = stats.tool_errors
     result.tool_error_messages = list(stats.tool_error_messages)
-    result.tool_timings = [dict(t) for t in stats.tool_timings]
+    result.tool_timings = list(stats.tool_timings)  # the snapshot's own copies
     result.instance_id = result.instance_id or env.last_instance_id
     result.final_answer = env.final_answer
     result.timings.update(stats.timings)
