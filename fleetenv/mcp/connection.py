@@ -61,10 +61,10 @@ if TYPE_CHECKING:
 
 __all__ = ["CALL_ID_META_KEY", "MAX_MESSAGE_BYTES", "MCPConnection"]
 
-#: Largest MCP message (one SSE event) accepted. mcp's default of 1 MiB turns an ordinary
-#: large tool output (a log dump, a big query) into a failed call; 64 MiB accepts those
-#: and still refuses a runaway one with a clear error. Rendering truncates what the agent
-#: sees; the full text stays on the ToolResult.
+#: Largest MCP message (one SSE event, or one JSON reply) accepted. mcp's default of 1 MiB
+#: turns an ordinary large tool output (a log dump, a big query) into a failed call; 64 MiB
+#: accepts those and still refuses a runaway one with a clear error. Rendering truncates
+#: what the agent sees; the full text stays on the ToolResult.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 logger = logging.getLogger("fleetenv.mcp")
@@ -530,6 +530,7 @@ class MCPConnection:
                         read_timeout_s=max(300.0, self.call_timeout_s + 30.0),
                         on_response=statuses,
                         watch=watch,
+                        max_reply_bytes=_reply_limit(),
                     )
                     stack.push_async_callback(client.aclose)
                     read, write = await stack.enter_async_context(
@@ -674,6 +675,12 @@ class MCPConnection:
             return None
         per_call = self.call_timeout_s if call_s is None else call_s
         return opens * setup_s + calls * per_call + pauses * self.retry.cap_s + _BACKSTOP_S
+
+
+def _reply_limit() -> int:
+    """The cap of one JSON reply: the SSE message limit of the installed mcp (never none)."""
+    limit = compat.effective_message_limit(MAX_MESSAGE_BYTES)
+    return MAX_MESSAGE_BYTES if limit is None else limit
 
 
 # ---------------------------------------------------------------------- dependencies

@@ -55,11 +55,14 @@ __all__ = [
     "connect_error",
     "gave_up",
     "listing_failed",
+    "over_limit",
     "session_gone_answer",
     "session_lost",
+    "too_large",
 ]
 
 # JSON-RPC error codes the MCP client uses for transport conditions (mcp_types.jsonrpc).
+PARSE_ERROR = -32700
 CONNECTION_CLOSED = -32000
 REQUEST_TIMEOUT = -32001
 INVALID_REQUEST = -32600
@@ -149,6 +152,39 @@ class SessionWatch:
         return None if call_id is None else self._turned_away.get(call_id)
 
 
+# ---------------------------------------------------------------------- too large
+
+# How the transport says a JSON reply is over the message limit (`too_large`); mcp passes
+# it on inside its parse error for the request, where `over_limit` finds it again.
+_OVER_LIMIT = re.compile(r"the server's reply is over the [0-9]+ (MiB|KiB|bytes) limit of "
+                         r"one MCP message[^\n]*")
+
+
+def too_large(limit: int, announced: int | None) -> str:
+    """What fleetenv's transport says of a JSON reply over ``limit`` bytes (``announced``:
+    its Content-Length, if it had one)."""
+    size = f" (it announced {announced} bytes)" if announced is not None else ""
+    return f"the server's reply is over the {_size(limit)} limit of one MCP message{size}"
+
+
+def over_limit(exc: BaseException) -> str | None:
+    """`too_large`'s words when ``exc`` is mcp's report of a reply the transport cut at
+    the message limit (``None``: it is not)."""
+    from mcp import MCPError
+
+    if not isinstance(exc, MCPError) or exc.code != PARSE_ERROR:
+        return None
+    found = _OVER_LIMIT.search(exc.message)
+    return found.group(0) if found is not None else None
+
+
+def _size(size: int) -> str:
+    for unit, name in ((1024 * 1024, "MiB"), (1024, "KiB")):
+        if size % unit == 0:
+            return f"{size // unit} {name}"
+    return f"{size} bytes"
+
+
 # ---------------------------------------------------------------------- cannot connect
 
 
@@ -174,6 +210,11 @@ def connect_error(
             hint="the environment may still be starting or overloaded; retry later or "
             "raise connect_timeout_s",
         )
+    over = over_limit(leaf)
+    if over is not None:
+        return ConnectError(f"opening the MCP session failed: {over}", endpoint=endpoint,
+                            retryable=False, hint="its tool list is too large for one MCP "
+                            "message; check the server")
     if _is_session_gone(leaf):
         # The handshake worked, then the server forgot the new session (it restarted).
         # No http_status here: a 404 in the context would read as "no MCP server".
@@ -288,8 +329,9 @@ def listing_failed(exc: Exception, *, what: str, endpoint: str, timeout_s: float
                 f"{what} got no answer within {timeout_s:g} s", endpoint=endpoint,
                 hint="the server may be overloaded; retry later or raise call_timeout_s",
             ) from exc
+        detail = over_limit(exc) or f"the server answered MCP error {exc.code}: {exc.message}"
         raise ToolError(
-            f"{what} failed: the server answered MCP error {exc.code}: {exc.message}",
+            f"{what} failed: {detail}",
             endpoint=endpoint, retryable=exc.code in (CONNECTION_CLOSED, INTERNAL_ERROR),
             hint="check that the environment instance is healthy",
         ) from exc
@@ -320,6 +362,10 @@ def call_failed(exc: Exception, *, tool: str, endpoint: str, timeout_s: float) -
                 hint="the tool may still have run: check the environment state before "
                 "calling it again, or pass a larger timeout_s",
             ) from exc
+        over = over_limit(exc)
+        if over is not None:  # the tool ran; its answer was not read
+            return ToolResult.error(f"the result of {tool!r} was not read: {over}. "
+                                    "Ask the tool for less (a narrower query, one page).")
         if _is_session_gone(exc):
             # The server's session manager checks the session id before any request
             # reaches a handler, so the tool did not run.

@@ -19,6 +19,9 @@ answer, before the server's end of the stream (an SSE reply's last chunk, or the
 body of a ``202``) was read; httpcore then closes the TCP connection instead of pooling
 it, so every request paid a new connection. Each client's transport therefore reads the
 rest of a reply it closes (`fleetenv.mcp.keepalive`).
+
+Size: ``mcp`` reads an ``application/json`` reply whole; the same transport stops reading
+one at the message limit (`fleetenv.mcp.keepalive`), as ``mcp`` does for an SSE event.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ async def connection_client(
     read_timeout_s: float,
     on_response: list[int] | None = None,
     watch: failures.SessionWatch | None = None,
+    max_reply_bytes: int | None = None,
 ) -> httpx2.AsyncClient:
     """A client with its own pool for one MCP connection. Loop thread only.
 
@@ -105,7 +109,9 @@ async def connection_client(
     server. ``watch``, if given, learns of every answer saying the server no longer
     knows the session, and which tool call it turned away (see
     `failures.session_gone_answer`): the ``mcp`` client keeps neither the status nor the
-    body. The caller closes the client (which closes its pool).
+    body. ``max_reply_bytes``, if given, caps every POST or DELETE reply but an SSE stream
+    (`fleetenv.mcp.keepalive`), whose events ``mcp`` caps one by one. The caller closes
+    the client (which closes its pool).
     """
     import httpx2
 
@@ -133,7 +139,7 @@ async def connection_client(
             verify=context,
             limits=httpx2.Limits(max_connections=None,
                                  max_keepalive_connections=_KEEPALIVE_PER_CONNECTION),
-        )),
+        ), limit=max_reply_bytes),
         event_hooks={"response": [_record]},
     )
 
@@ -148,7 +154,7 @@ async def _error_body(response: httpx2.Response) -> str:
         return ""
     try:
         raw = await response.aread()
-    except httpx2.HTTPError:
+    except (httpx2.HTTPError, httpx2.StreamError):  # broken, or over the reply limit
         return ""
     return raw[:_MAX_ERROR_BODY].decode("utf-8", errors="replace")
 

@@ -1,15 +1,25 @@
-"""Keep-alive for MCP requests: read the rest of a reply the ``mcp`` client closes early.
+"""The transport under each MCP client: keep-alive, and the size cap of replies.
 
-The ``mcp`` client closes a POST's reply as soon as it has the JSON-RPC answer: an SSE
-reply before the server's last chunk, a ``202`` before its (empty) body was read. httpcore
-then closes the TCP connection instead of returning it to the pool, so every request of a
-session paid a new connection (23 per 12-call episode, against 3 now). The transport
-made here reads what is left of a POST or DELETE reply when it is closed, so the
-connection goes back to the pool. It does so after the caller already has its answer
-(the ``mcp`` client delivers the answer, then closes), and bounded: at most
+Keep-alive: the ``mcp`` client closes a POST's reply as soon as it has the JSON-RPC
+answer: an SSE reply before the server's last chunk, a ``202`` before its (empty) body
+was read. httpcore then closes the TCP connection instead of returning it to the pool, so
+every request of a session paid a new connection (23 per 12-call episode, against 3 now).
+The transport made here reads what is left of a POST or DELETE reply when it is closed,
+so the connection goes back to the pool. It does so after the caller already has its
+answer (the ``mcp`` client delivers the answer, then closes), and bounded: at most
 ``MAX_DRAIN_BYTES`` within ``DRAIN_S``; a server that keeps the stream open longer loses
 the connection, as before. GET replies (the session's long-lived stream) are closed as
-they are. ``httpx2`` and ``anyio`` are imported on first use.
+they are.
+
+Size cap: the ``mcp`` client reads an ``application/json`` reply (and the JSON error of a
+4xx) whole before parsing it; only the events of an SSE reply have a size limit there. So,
+given a ``limit``, reading any other POST or DELETE reply raises `ReplyTooLarge` as soon
+as it announces (Content-Length) or reaches more than ``limit`` bytes, without reading
+further, and its connection is closed, never drained or pooled. ``ReplyTooLarge`` is an
+``httpx2.StreamError``, which ``mcp`` reports as a JSON-RPC parse error of the request
+(`fleetenv.mcp.failures.over_limit` finds fleetenv's words in it). Bytes are counted
+decoded: a compressed reply is decoded here, by ``httpx2``'s own decoders, in steps of at
+most 1 MiB. ``httpx2`` and ``anyio`` are imported on first use.
 """
 
 from __future__ import annotations
@@ -18,6 +28,8 @@ import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
+
+from fleetenv.mcp import failures
 
 if TYPE_CHECKING:
     import httpx2
@@ -32,13 +44,17 @@ MAX_DRAIN_BYTES = 64 * 1024
 logger = logging.getLogger("fleetenv.mcp")
 
 
-def keep_alive_transport(inner: httpx2.AsyncBaseTransport) -> httpx2.AsyncBaseTransport:
+def keep_alive_transport(
+    inner: httpx2.AsyncBaseTransport, *, limit: int | None = None
+) -> httpx2.AsyncBaseTransport:
     """``inner``, made to let a POST or DELETE reply closed before its end keep its
     connection: closing it first reads the rest (at most ``MAX_DRAIN_BYTES`` within
     ``DRAIN_S``; a server that keeps the stream open longer loses the connection, as
-    before). GET replies (the session's long-lived stream) are closed as they are."""
+    before). GET replies (the session's long-lived stream) are closed as they are.
+    With a ``limit``, reading a longer reply that is not an SSE stream raises
+    `ReplyTooLarge`."""
     transport_class, _ = _keep_alive_classes()
-    transport: httpx2.AsyncBaseTransport = transport_class(inner)
+    transport: httpx2.AsyncBaseTransport = transport_class(inner, limit)
     return transport
 
 
@@ -48,13 +64,38 @@ def _keep_alive_classes() -> tuple[type[Any], type[Any]]:
     import anyio
     import httpx2
 
-    class DrainingStream(httpx2.AsyncByteStream):
-        """A reply body that, when closed before its end, reads the rest first."""
+    class ReplyTooLarge(httpx2.StreamError):
+        """A reply over the message limit (not read further)."""
 
-        def __init__(self, inner: httpx2.AsyncByteStream) -> None:
+    class DecodedStream(httpx2.AsyncByteStream):
+        """A compressed reply body, decoded by ``httpx2`` here rather than by its reader."""
+
+        def __init__(self, raw: httpx2.Response) -> None:
+            self._raw = raw
+            self._chunks = raw.aiter_bytes()
+
+        def __aiter__(self) -> AsyncIterator[bytes]:
+            return self._chunks
+
+        async def aclose(self) -> None:
+            try:
+                await self._chunks.aclose()
+            finally:
+                await self._raw.aclose()
+
+    class DrainingStream(httpx2.AsyncByteStream):
+        """A reply body that, when closed before its end, reads the rest first; with a
+        ``limit``, one that raises `ReplyTooLarge` instead of reading past it."""
+
+        def __init__(self, inner: httpx2.AsyncByteStream, limit: int | None = None,
+                     announced: int | None = None) -> None:
             self._inner = inner
             self._iterator: AsyncIterator[bytes] | None = None
             self._ended = False
+            self._limit = limit
+            self._received = 0
+            self._over = limit is not None and announced is not None and announced > limit
+            self._announced = announced
 
         def __aiter__(self) -> AsyncIterator[bytes]:
             if self._iterator is None:
@@ -63,15 +104,26 @@ def _keep_alive_classes() -> tuple[type[Any], type[Any]]:
 
         async def __anext__(self) -> bytes:
             assert self._iterator is not None  # made by __aiter__
+            if self._over:  # announced too large, or already cut: read nothing (more)
+                raise self._too_large()
             try:
-                return await self._iterator.__anext__()
+                chunk = await self._iterator.__anext__()
             except StopAsyncIteration:
                 self._ended = True
                 raise
+            self._received += len(chunk)
+            if self._limit is not None and self._received > self._limit:
+                self._over = True
+                raise self._too_large()
+            return chunk
+
+        def _too_large(self) -> ReplyTooLarge:
+            assert self._limit is not None  # only a limited stream is ever over
+            return ReplyTooLarge(failures.too_large(self._limit, self._announced))
 
         async def aclose(self) -> None:
             try:
-                if not self._ended:
+                if not self._ended and not self._over:  # an over-limit rest is not read
                     await self._drain()
             finally:
                 await self._inner.aclose()
@@ -89,17 +141,39 @@ def _keep_alive_classes() -> tuple[type[Any], type[Any]]:
                     logger.debug("reading the rest of an MCP reply failed: %r", exc)
 
     class KeepAliveTransport(httpx2.AsyncBaseTransport):
-        def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int | None) -> None:
             self._inner = inner
+            self._limit = limit
 
         async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
             response = await self._inner.handle_async_request(request)
-            if request.method in ("POST", "DELETE") and isinstance(
-                    response.stream, httpx2.AsyncByteStream):  # else: closed as it is
+            if request.method not in ("POST", "DELETE") or not isinstance(
+                    response.stream, httpx2.AsyncByteStream):  # closed as it is
+                return response
+            if self._limit is None or _is_event_stream(response):
                 response.stream = DrainingStream(response.stream)
+                return response
+            body: httpx2.AsyncByteStream = response.stream
+            headers = response.headers
+            length = headers.get("content-length", "")
+            announced = int(length) if length.isascii() and length.isdigit() else None
+            if headers.get("content-encoding", "identity").lower() != "identity":
+                # decoded here, so that the limit counts what the reader would get
+                body = DecodedStream(httpx2.Response(response.status_code, headers=headers,
+                                                     stream=body, request=request))
+                announced = None
+                for name in ("content-encoding", "content-length"):  # both were the raw body's
+                    headers.pop(name, None)
+            response.stream = DrainingStream(body, self._limit, announced)
             return response
 
         async def aclose(self) -> None:
             await self._inner.aclose()
 
     return KeepAliveTransport, DrainingStream
+
+
+def _is_event_stream(response: httpx2.Response) -> bool:
+    """Is ``response`` an SSE reply that ``mcp`` reads event by event (limiting each)?"""
+    return 200 <= response.status_code < 300 and response.headers.get(
+        "content-type", "").lower().startswith("text/event-stream")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.errors import DeadlineExceeded, ResourceError
+from fleetenv.mcp import failures
 from fleetenv.mcp.results import ContentAnnotations, ResourceBlock, read_resource_block
 
 if TYPE_CHECKING:
@@ -218,7 +219,8 @@ def request_failed(
         hint = "this server does not serve resources"
     else:
         hint = None
-    return ResourceError(f"{doing} failed: {exc.message}", endpoint=endpoint, uri=uri,
+    detail = failures.over_limit(exc) or exc.message
+    return ResourceError(f"{doing} failed: {detail}", endpoint=endpoint, uri=uri,
                          mcp_error=exc.code, hint=hint)
 
 
