@@ -28,7 +28,12 @@ from fleetenv.core.config import ENV_API_KEY, ENV_BASE_URL
 from fleetenv.core.task_files import load_tasks
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
-from fleetenv.rollouts.results import SCHEMA_VERSION, read_manifest, read_results
+from fleetenv.rollouts.results import (
+    SCHEMA_VERSION,
+    manifest_path,
+    read_manifest,
+    read_results,
+)
 
 BUNDLED = {t.key: t for t in load_tasks(bundled_tasks_path())}
 HELPDESK_TOOLS = {"search_tickets", "get_ticket", "find_customers", "list_agents",
@@ -63,8 +68,10 @@ def write_tasks(path: Path, keys: list[str]) -> Path:
 
 
 def result_lines(path: Path) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [line for line in lines if line.get("record") != "manifest"]
+    """Every line of a results file, parsed: each one must be a result."""
+    lines = [json.loads(line) for line in path.read_bytes().split(b"\n") if line.strip()]
+    assert all("record" not in line for line in lines)
+    return lines
 
 
 def running_ids(fleet: LocalFleet) -> set[str]:
@@ -267,14 +274,15 @@ def test_resume_runs_only_the_missing_episodes(
     out = tmp_path / "results.jsonl"
     argv = ["run", str(tasks), "--policy", "reference", "-n", "2", "--workers", "4"]
     assert main([*argv, "--out", str(out)]) == 0
-    lines = out.read_text().splitlines()
-    header, results = lines[0], lines[1:]
-    assert len(results) == 4
+    results = out.read_text().splitlines()
+    assert len(results) == 4 and len(result_lines(out)) == 4
+    manifest = read_manifest(out)
+    assert manifest is not None and manifest_path(out).is_file()
     # As an interrupted run leaves it: one episode missing, one cancelled, a cut line.
     cancelled = json.loads(results[1])
     cancelled.update(stop_reason="cancelled", reward=None,
                      error={"type": "RolloutCancelled", "message": "the run was cancelled"})
-    out.write_text("\n".join([header, results[0], json.dumps(cancelled), results[2]])
+    out.write_text("\n".join([results[0], json.dumps(cancelled), results[2]])
                    + "\n" + results[3][:40])
     kept = {(json.loads(line)["task_key"], json.loads(line)["sample"])
             for line in (results[0], results[2])}
@@ -283,15 +291,14 @@ def test_resume_runs_only_the_missing_episodes(
     assert main([*argv, "--resume", str(out)]) == 0
     printed = capsys.readouterr()
     assert "2 episode(s) (+2 from before)" in printed.out
-    manifest = read_manifest(out)
-    assert manifest is not None and "resumed" not in manifest
+    assert read_manifest(out) == manifest
     pairs = sorted((r.task_key, r.sample) for r in read_results(out))
     assert pairs == sorted((k, s) for k in ("helpdesk-busiest-agent", "shop-count-shipped")
                            for s in (0, 1))
     assert kept <= set(pairs) and all(r.reward == 1.0 for r in read_results(out))
-    headers = [json.loads(line) for line in out.read_text().splitlines()
-               if '"record": "manifest"' in line]
-    assert [h.get("resumed") for h in headers] == [None, True]
+    assert len(result_lines(out)) == 4  # every line a result
+    resumes = json.loads(manifest_path(out).read_text())["resumes"]
+    assert [r["resumed"] for r in resumes] == [True] and resumes[0]["samples_per_task"] == 2
 
     # Another run's settings: refused, naming what differs; --force mixes them anyway.
     assert main([*argv[:-4], "-n", "3", "--resume", str(out)]) == 1
@@ -316,7 +323,63 @@ def test_resume_refuses_a_file_without_a_manifest_unless_forced(
     assert "has no run manifest" in capsys.readouterr().err
     assert main([*argv, "--force"]) == 0
     assert sorted(r.sample for r in read_results(old)) == [0, 1]
-    # The appended header says what the resumed part ran; the file's first part still
+    # The resume's record says what the resumed part ran; the file's first part still
     # has no manifest, so it stays a file that needs --force to resume.
-    assert read_manifest(old) is None
-    assert json.loads(old.read_text().splitlines()[1])["resumed"] is True
+    assert read_manifest(old) is None and len(result_lines(old)) == 2
+    beside = json.loads(manifest_path(old).read_text())
+    assert beside["resumes"][0]["resumed"] is True
+    assert beside["resumes"][0]["resume_overrode"] == ["no manifest in the file"]
+    assert main(argv) == 1 and "has no run manifest" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(90)
+def test_resume_reruns_an_episode_whose_last_line_was_cut_inside_a_character(
+        on_local_fleet: LocalFleet, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["helpdesk-busiest-agent"])
+    out = tmp_path / "results.jsonl"
+    argv = ["run", str(tasks), "--policy", "reference", "-n", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    first, second = (json.loads(line) for line in out.read_bytes().split(b"\n")[:2])
+    # Results are written as UTF-8 (ensure_ascii=False): a kept line may hold U+2028 raw,
+    # and a kill can cut the last line between the two bytes of an "é".
+    first["final_answer"] = "line\u2028separator"
+    second["final_answer"] = "café"
+    kept = json.dumps(first, ensure_ascii=False).encode()
+    cut = json.dumps(second, ensure_ascii=False).encode()
+    out.write_bytes(kept + b"\n" + cut[: cut.index("é".encode()) + 1])
+    capsys.readouterr()
+
+    assert main([*argv, "--resume", str(out)]) == 0
+    assert "1 episode(s) (+1 from before)" in capsys.readouterr().out
+    results = read_results(out)
+    assert sorted(r.sample for r in results) == [0, 1]
+    assert results[0].final_answer == "line\u2028separator"  # kept as it was
+    assert results[1].sample == second["sample"] and results[1].reward == 1.0  # run again
+    assert len(result_lines(out)) == 2
+
+
+@pytest.mark.timeout(90)
+def test_resume_reads_the_manifest_line_of_a_file_written_before_it_moved_beside(
+        on_local_fleet: LocalFleet, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["helpdesk-busiest-agent"])
+    out = tmp_path / "results.jsonl"
+    argv = ["run", str(tasks), "--policy", "reference", "-n", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    # The layout of a version 2 file: the manifest is the first line, nothing beside it.
+    manifest = {**json.loads(manifest_path(out).read_text()), "schema_version": 2}
+    manifest_path(out).unlink()
+    first_result = out.read_text().splitlines()[0]
+    out.write_text(json.dumps(manifest) + "\n" + first_result + "\n")
+    assert read_manifest(out) == manifest
+    capsys.readouterr()
+
+    assert main([*argv[:-2], "-n", "3", "--resume", str(out)]) == 1  # still compared
+    assert "not comparable (samples_per_task: 2 -> 3)" in capsys.readouterr().err
+    assert main([*argv, "--resume", str(out)]) == 0
+    assert "1 episode(s) (+1 from before)" in capsys.readouterr().out
+    assert sorted(r.sample for r in read_results(out)) == [0, 1]
+    assert read_manifest(out) == manifest  # now beside the file, with the resume
+    beside = json.loads(manifest_path(out).read_text())
+    assert [r["resumed"] for r in beside["resumes"]] == [True]

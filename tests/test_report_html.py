@@ -30,7 +30,7 @@ from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.local.cdp import Browser
 from fleetenv.reports import compare_runs, load_run, render_html
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
-from fleetenv.rollouts.results import ResultsWriter
+from fleetenv.rollouts.results import ResultsWriter, read_manifest
 from fleetenv.rollouts.runner import Runner
 
 pytestmark = pytest.mark.timeout(120)
@@ -357,8 +357,11 @@ def test_compare_says_what_changed_between_similar_runs(runs: Runs, tmp_path: Pa
         if data.get("task_key") == TASKS[0] and not dropped:
             data["reward"], dropped = 0.0, True
         worse.append(json.dumps(data))
+    # B in the layout of a version 2 file: its manifest is its first line.
+    manifest = read_manifest(runs.good)
+    assert manifest is not None and good.manifest == manifest
     other = tmp_path / "worse.jsonl"
-    other.write_text("\n".join(worse) + "\n")
+    other.write_text("\n".join([json.dumps(manifest), *worse]) + "\n")
     comparison = compare_runs(good, load_run(other))
     verdicts = {t.task_key: t.verdict for t in comparison.tasks}
     assert verdicts[TASKS[0]] == "worse"

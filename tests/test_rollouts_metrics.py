@@ -168,3 +168,16 @@ def test_to_metrics_is_flat_named_and_leaves_out_undefined_values() -> None:
     empty = summarize([_result("D", "e2", None, index=1, error="X")]).to_metrics()
     assert "reward/mean" not in empty and "reward/pass_rate" not in empty
     assert empty["rollout/errors"] == 1.0
+
+
+def test_a_result_with_more_tool_errors_than_calls_never_rates_above_100_percent() -> None:
+    # Written before refused calls counted as calls: 4 errors (2 of them refused), 2 calls.
+    old = RolloutResult(task_key="A", env_key="e1", reward=0.0, grade_status="graded",
+                        tool_calls=2, tool_errors=4)
+    summary = summarize([old, _result("B", "e1", 1.0, index=1)])
+    assert (summary.tool_errors, summary.tool_calls) == (4, 4 + 2)
+    assert summary.tool_error_rate == pytest.approx(4 / 6)
+    alone = summarize([old])
+    assert alone.tool_error_rate == 1.0 and alone.per_env[0].tool_error_rate == 1.0
+    assert "100.0%  4/4 calls" in alone.format_table()
+    assert alone.to_metrics()["rollout/tool_error_rate"] == 1.0

@@ -18,6 +18,7 @@ from fleetenv.rollouts.results import (
     ResultsFileError,
     ResultsWriter,
     iter_results,
+    manifest_path,
     read_manifest,
     read_results,
     read_run,
@@ -50,8 +51,8 @@ def test_results_round_trip_through_jsonl(tmp_path: Path) -> None:
     with ResultsWriter(path) as writer:
         for result in originals:
             writer.write(result)
-        # The header record, then one flushed line per result.
-        assert len(path.read_text(encoding="utf-8").splitlines()) == 3
+        # One flushed line per result; the manifest is beside the file.
+        assert len(path.read_text(encoding="utf-8").splitlines()) == 2
     assert read_results(path) == originals
     with ResultsWriter(path, append=True) as writer:
         writer.write(_full_result(7))
@@ -118,6 +119,60 @@ def test_a_bad_line_is_named_by_file_and_line_number(tmp_path: Path, bad_line: s
     assert info.value.context["line"] == "4" and info.value.context["file"] == str(path)
 
 
+
+def _cut_inside_a_character(path: Path) -> int:
+    """Cut the file's last line between the two bytes of its last "ü" (as a kill or a
+    full disk can); the length kept."""
+    data = path.read_bytes()
+    cut = data.rindex("ü".encode()) + 1
+    path.write_bytes(data[:cut])
+    return cut
+
+
+def test_a_last_line_cut_inside_a_character_is_named_like_any_cut_line(
+        tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    with ResultsWriter(path) as writer:
+        writer.write(_full_result(0))
+        writer.write(_full_result(1))
+    _cut_inside_a_character(path)
+    # What docs/rollouts.md promises for a bad line: a ResultsFileError naming the line,
+    # here with what to do about a run killed while writing it.
+    with pytest.raises(ResultsFileError) as info:
+        read_results(path)
+    assert f"{path}:2: not valid UTF-8" in info.value.message
+    assert info.value.context == {"file": str(path), "line": "2"}
+    assert "cut" in str(info.value.hint) and "--resume" in str(info.value.hint)
+    # The lines before it still stream out first.
+    seen = []
+    with pytest.raises(ResultsFileError):
+        for result in iter_results(path):
+            seen.append(result.sample)
+    assert seen == [0]
+
+
+def test_bad_bytes_in_a_middle_line_name_the_file_and_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    good = json.dumps(_full_result().to_dict(), ensure_ascii=False).encode()
+    torn = good[: good.index("ü".encode()) + 1]  # a cut line, then more lines after it
+    path.write_bytes(good + b"\n" + torn + b"\n" + good + b"\n")
+    with pytest.raises(ResultsFileError) as info:
+        read_results(path)
+    assert f"{path}:2: not valid UTF-8" in info.value.message
+    assert info.value.context == {"file": str(path), "line": "2"}
+    assert info.value.hint == "fix or delete the line"
+
+
+def test_text_with_unicode_line_separators_stays_on_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    result = _full_result()
+    result.final_answer = "a\u2028b\x85c\u2029d"  # raw in the file: JSON does not escape them
+    with ResultsWriter(path) as writer:
+        writer.write(result)
+        writer.write(_full_result(1))
+    assert "\u2028".encode() in path.read_bytes()
+    assert read_results(path) == [result, _full_result(1)]
+
 def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ResultsFileError, match="cannot read the results file"):
         read_results(tmp_path / "nope.jsonl")
@@ -127,34 +182,94 @@ def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
         ResultsWriter(blocker / "results.jsonl")
 
 
-# ----------------------------------------------------------------------------- schema 2
+# ----------------------------------------------------------------------------- schema 3
 
-def test_a_new_file_starts_with_the_run_manifest(tmp_path: Path) -> None:
-    path = tmp_path / "results.jsonl"
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_bytes().split(b"\n") if line.strip()]
+
+
+def test_every_line_is_a_result_and_the_manifest_is_beside_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "run-1.jsonl"
     with ResultsWriter(path, manifest={"policy": "reference", "samples_per_task": 2}) as out:
         out.write(_full_result(0))
-    first = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
-    assert first["record"] == "manifest" and first["schema_version"] == SCHEMA_VERSION
+        out.write(_full_result(1))
+    # What pandas.read_json(path, lines=True) and `jq .reward` see: results, no NaN row.
+    rows = _lines(path)
+    assert len(rows) == 2 and all("record" not in row for row in rows)
+    assert [row["reward"] for row in rows] == [0.5, 0.5]
+    beside = manifest_path(path)
+    assert beside == tmp_path / "run-1.manifest.json"
     manifest = read_manifest(path)
-    assert manifest == first
+    assert manifest == json.loads(beside.read_text(encoding="utf-8"))
+    assert manifest["record"] == "manifest" and manifest["schema_version"] == SCHEMA_VERSION
     assert manifest["policy"] == "reference" and manifest["samples_per_task"] == 2
     assert manifest["fleetenv_version"] == fleetenv.__version__
     assert "mcp" in manifest["packages"] and manifest["started_at"].endswith("Z")
-    assert read_results(path) == [_full_result(0)]  # the header is not a result
+    assert read_run(path) == (manifest, [_full_result(0), _full_result(1)])
+    # Two runs in one directory keep two manifests; nothing temporary is left behind.
+    with ResultsWriter(tmp_path / "run-2.jsonl", manifest={"policy": "other"}):
+        pass
+    assert read_manifest(path)["policy"] == "reference"  # type: ignore[index]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "run-1.jsonl", "run-1.manifest.json", "run-2.jsonl", "run-2.manifest.json"]
 
 
-def test_a_resumed_file_keeps_its_first_manifest(tmp_path: Path) -> None:
+def test_a_resume_is_recorded_in_the_manifest_not_in_the_results(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
     with ResultsWriter(path, manifest={"seed": 1}) as out:
         out.write(_full_result(0))
+    first = read_manifest(path)
     with ResultsWriter(path, append=True, manifest={"seed": 1}) as out:
         out.write(_full_result(1))
+    with ResultsWriter(path, append=True) as out:  # no manifest: nothing recorded
+        out.write(_full_result(2))
+    assert [row["sample"] for row in _lines(path)] == [0, 1, 2]
     manifest, results = read_run(path)
-    assert manifest is not None and manifest["seed"] == 1 and "resumed" not in manifest
-    assert [r.sample for r in results] == [0, 1]
-    headers = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-               if '"record"' in line]
-    assert [h.get("resumed") for h in headers] == [None, True]
+    assert manifest == first and "resumed" not in manifest
+    assert [r.sample for r in results] == [0, 1, 2]
+    resumes = json.loads(manifest_path(path).read_text(encoding="utf-8"))["resumes"]
+    assert [(r["resumed"], r["seed"], r["record"]) for r in resumes] == [(True, 1, "manifest")]
+    with ResultsWriter(path) as out:  # a fresh file starts a fresh manifest
+        pass
+    assert "resumes" not in json.loads(manifest_path(path).read_text(encoding="utf-8"))
+
+
+def test_a_version_2_file_with_the_manifest_as_its_first_line_still_reads(
+        tmp_path: Path) -> None:
+    path = tmp_path / "old.jsonl"
+    header = {"record": "manifest", "schema_version": 2, "seed": 1, "started_at": "x"}
+    lines = [header, _full_result(0).to_dict(), {**header, "resumed": True},
+             _full_result(1).to_dict()]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    assert read_manifest(path) == header
+    assert read_run(path) == (header, [_full_result(0), _full_result(1)])
+    assert read_results(path) == [_full_result(0), _full_result(1)]
+    # Resumed, it gets a manifest file holding its manifest; its lines stay as they were.
+    with ResultsWriter(path, append=True, manifest={"seed": 1}) as out:
+        out.write(_full_result(2))
+    assert read_manifest(path) == header
+    beside = json.loads(manifest_path(path).read_text(encoding="utf-8"))
+    assert [r["seed"] for r in beside["resumes"]] == [1]
+    assert [r.sample for r in read_results(path)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (b"{\"record\": \"manif", "not a JSON run manifest"),
+    (b"[1]", "not a run manifest"),
+    (b"\xff\xfe", "not a JSON run manifest"),
+])
+def test_a_broken_manifest_file_is_named(tmp_path: Path, content: bytes,
+                                         expected: str) -> None:
+    path = tmp_path / "results.jsonl"
+    with ResultsWriter(path) as out:
+        out.write(_full_result(0))
+    manifest_path(path).write_bytes(content)
+    for read in (read_manifest, read_run):
+        with pytest.raises(ResultsFileError, match=expected) as info:
+            read(path)
+        assert info.value.context["file"] == str(manifest_path(path))
+        assert "delete it" in str(info.value.hint)
+    assert read_results(path) == [_full_result(0)]  # the results need no manifest
 
 
 def test_a_version_1_file_without_a_manifest_still_reads(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.policy import PolicyContext
-from fleetenv.rollouts.results import ResultsWriter, read_results
+from fleetenv.rollouts.results import ResultsWriter, manifest_path, read_results
 from fleetenv.rollouts.runner import Runner
 
 pytestmark = pytest.mark.timeout(120)
@@ -89,7 +89,8 @@ def test_keys_appear_in_no_log_event_repr_error_or_results_file(
     results = read_results(results_path)
     assert sum(r.passed for r in results) == 3 and any(r.error for r in results)
     everything = "\n".join([debug_log.getvalue(), events_path.read_text(),
-                            results_path.read_text(), *texts])
+                            results_path.read_text(), manifest_path(results_path).read_text(),
+                            *texts])
     assert "rollout_completed" in everything and "instance_provisioned" in everything
     assert "httpcore" in debug_log.getvalue() and " DEBUG " in debug_log.getvalue()
     assert local.base_url in debug_log.getvalue()  # the capture sees the HTTP traffic

@@ -10,8 +10,10 @@ listed schemas are rewritten to what looser or broken servers list (an explicit
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,13 +21,19 @@ from mcp.server import MCPServer
 
 import fleetenv
 from fleetenv import FleetEnv, Task, ToolCall
+from fleetenv.core.config import resolve_config
 from fleetenv.core.errors import ConfigurationError, ToolArgumentsError
+from fleetenv.env.actions import FinalAnswer
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.local.apps.base import AppSpec, DbFactory
 from fleetenv.mcp.arguments import ArgumentChecker, close_objects, require_object
 from fleetenv.mcp.router import Endpoint, ToolRouter
 from fleetenv.mcp.tools import Tool
+from fleetenv.reports import load_run, render_html
+from fleetenv.rollouts.policy import PolicyContext, Reply
+from fleetenv.rollouts.results import ResultsWriter
+from fleetenv.rollouts.rollout import run_episode
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,7 +135,7 @@ def test_undeclared_argument_is_reported_by_default_and_nothing_is_sent(
                                     "takes: status, priority, ")
         assert obs.text == f"Error: {obs.error}"
         assert info["tool_error"] == obs.error
-        assert env.tool_errors == 1 and env.tool_calls == 0
+        assert env.tool_errors == 1 and env.tool_calls == 1  # refused: a call, not sent
         assert executed(local_fleet, env, "search_tickets") == 0
         # A near miss gets a suggestion.
         obs, *_ = env.step(ToolCall("find_customers", {"qury": "acme"}))
@@ -138,6 +146,34 @@ def test_undeclared_argument_is_reported_by_default_and_nothing_is_sent(
         assert executed(local_fleet, env, "search_tickets") == 1
         assert env.tool_errors == 2
 
+
+
+def test_the_tool_error_rate_counts_refused_calls_among_the_calls(
+        local_fleet: LocalFleet, tmp_path: Path) -> None:
+    """One definition of a call for the rate's two sides: the summary, the trainer metrics
+    and the HTML report once printed "tool-error rate 200.0% 4/2 calls"."""
+    plan = [ToolCall("list_agents", {"department": "technical"}),  # refused
+            ToolCall("get_ticket", {"ticket_id": "1124"}),  # refused
+            ToolCall("list_agents", {})]  # sent, answered
+
+    def policy(context: PolicyContext) -> Reply:
+        if context.turn < len(plan):
+            return Reply.from_actions([plan[context.turn]])
+        return Reply.from_actions([FinalAnswer("nobody")])
+
+    config = resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url)
+    result = run_episode(HELPDESK, policy, config=config)
+    assert (result.tool_calls, result.tool_errors) == (3, 2)
+    path = tmp_path / "run.jsonl"
+    with ResultsWriter(path) as out:
+        out.write(result)
+    summary = fleetenv.summarize([result])
+    assert summary.tool_error_rate == pytest.approx(2 / 3)
+    assert summary.per_env[0].tool_error_rate == summary.tool_error_rate
+    assert re.search(r"tool-error rate +66\.7% +2/3 calls", summary.format_table())
+    assert summary.to_metrics()["rollout/tool_error_rate"] == pytest.approx(2 / 3)
+    page = render_html(load_run(path))
+    assert "66.7%" in page and "tool-error rate (2/3)" in page
 
 def test_missing_required_and_wrong_type_are_named(local_fleet: LocalFleet) -> None:
     with make_env(local_fleet, HELPDESK) as env:

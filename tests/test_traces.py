@@ -293,6 +293,26 @@ def test_images_stay_inline_under_their_caps() -> None:
     assert len(kept) == 1 and "per-trace cap" in json.dumps(tight)
 
 
+
+def test_an_image_url_part_may_hold_the_url_as_a_string_or_an_object() -> None:
+    """OpenAI accepts ``{"image_url": "<url>"}`` beside ``{"image_url": {"url": ...}}``."""
+    small, large = _png_url(2), _png_url(400)
+    link = "https://example.invalid/a.png?token=abcdef123456"
+    parts = [{"type": "image_url", "image_url": small},
+             {"type": "image_url", "image_url": large},
+             {"type": "image_url", "image_url": {"url": small, "detail": "low"}},
+             {"type": "image_url", "image_url": link},
+             {"type": "image_url", "image_url": None}]
+    body = trace_body([{"role": "user", "content": parts}], job_id="tj-1", task_key="t",
+                      model="m", reward=1.0, max_image_bytes=len(small) + 10)
+    sent = body["messages"][0]["content"]
+    assert sent[0] == {"type": "image_url", "image_url": small}
+    assert sent[1]["type"] == "text" and "per-image cap" in sent[1]["text"]
+    assert sent[2] == parts[2]
+    assert sent[3] == {"type": "image_url", "image_url": "https://example.invalid/a.png?token=***"}
+    assert sent[4] == {"type": "image_url", "image_url": None}
+    assert body["metadata"]["images_omitted"] == 1 and large not in json.dumps(body)
+
 def test_a_failed_episode_without_a_transcript_is_still_traced_with_its_reason() -> None:
     result = _result(transcript=[], reward=None, grade_status="not_graded",
                      stop_reason="error", error={"type": "ProvisioningError",

@@ -100,7 +100,7 @@ def test_turn_observation_joins_results_and_ids_match_the_message(
         view = obs.to_dict()
         assert [c["tool_call_id"] for c in view["calls"]] == ["call_0", "call_1", "call_2"]
         json.dumps(view)
-        assert env.turns == 1 and env.stats.tool_calls == 2 and env.tool_errors == 1
+        assert env.turns == 1 and env.stats.tool_calls == 3 and env.tool_errors == 1
 
 
 def test_a_turn_counts_once_toward_max_steps(local_fleet: LocalFleet) -> None:

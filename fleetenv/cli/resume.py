@@ -2,15 +2,17 @@
 
 A run is identified by what decides its results: the task file's bytes (sha256), the task
 selection, the policy and its sampling settings, the system prompt, samples per task, the
-step limit and where it ran. ``--resume RESULTS.jsonl`` compares those with the first
-header record of the file and refuses (naming every difference) when they differ, since
-results of two different runs in one file would make its pass rates mean nothing;
-``--force`` resumes anyway, and the appended header record says what changed.
+step limit and where it ran. ``--resume RESULTS.jsonl`` compares those with the file's
+manifest (beside it; in an older file, its first line) and refuses (naming every
+difference) when they differ, since results of two different runs in one file would make
+its pass rates mean nothing; ``--force`` resumes anyway, and the resume's record in the
+manifest says what changed.
 
 Episodes are matched by ``(task_key, sample)``: every result in the file except the
 cancelled ones counts as finished, and only the missing pairs run. The file is first
 rewritten (atomically) without the cancelled results and without a last line that an
-interrupted write left cut, so each pair ends up in the file once.
+interrupted write left cut (between characters or inside one), so each pair ends up in
+the file once.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def run_manifest(*, command: str, tasks_file: str | None, task_keys: Sequence[st
                  spec: PolicySpec, sampling: Mapping[str, Any], seed: int | None,
                  samples: int, max_steps: int | None, system_prompt: str | None,
                  fleet: str) -> dict[str, Any]:
-    """The run-specific part of the header record (``ResultsWriter`` adds versions, the
+    """The run-specific part of the run manifest (``ResultsWriter`` adds versions, the
     schema version and ``started_at``). Holds no secret: the policy options name the
     environment variable of the key, never the key."""
     return {
@@ -91,32 +93,35 @@ def prepare_resume(path: Path, manifest: Mapping[str, Any], *, force: bool
     Raises :class:`ConfigurationError` when the runs are not comparable (without
     ``force``) and :class:`ResultsFileError` for a file that is not a results file.
     """
-    from fleetenv.rollouts.results import is_header
+    from fleetenv.rollouts.results import is_header, manifest_path, read_manifest
     from fleetenv.rollouts.rollout import RolloutResult
 
     if not path.is_file():
         raise ConfigurationError(f"--resume {path}: no such results file",
                                  hint="pass the results file of the run to finish")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept: list[str] = []
+    # Bytes, split at newlines only: a line is decoded alone (it may be cut inside a
+    # character), and text may hold U+2028 and the like, which str.splitlines splits at.
+    lines = path.read_bytes().split(b"\n")
+    kept: list[bytes] = []
     finished: set[tuple[str, int]] = set()
-    old_manifest: dict[str, Any] | None = None
+    first_line: dict[str, Any] | None = None
     nonblank = [i for i, line in enumerate(lines) if line.strip()]
     for index in nonblank:
         line = lines[index]
         try:
-            data = json.loads(line)
-        except ValueError:
+            data = json.loads(line.decode("utf-8"))
+        except ValueError as exc:  # not UTF-8, or not JSON
             if index == nonblank[-1]:
                 continue  # a write cut by the interrupt: that episode runs again
-            raise ResultsFileError(f"{path}:{index + 1}: not valid JSON",
+            what = "UTF-8" if isinstance(exc, UnicodeDecodeError) else "JSON"
+            raise ResultsFileError(f"{path}:{index + 1}: not valid {what}",
                                    hint="fix or delete the line", file=str(path),
                                    line=index + 1) from None
         if not isinstance(data, dict):
             raise ResultsFileError(f"{path}:{index + 1}: expected a JSON object",
                                    hint="is this a fleetenv results file?", file=str(path))
-        if is_header(data):
-            old_manifest = old_manifest or data
+        if is_header(data):  # a version 2 file's manifest or resume line
+            first_line = data if index == nonblank[0] else first_line
             kept.append(line)
             continue
         result = RolloutResult.from_dict(data)
@@ -124,6 +129,7 @@ def prepare_resume(path: Path, manifest: Mapping[str, Any], *, force: bool
             continue
         finished.add((result.task_key, result.sample))
         kept.append(line)
+    old_manifest = read_manifest(path) if manifest_path(path).is_file() else first_line
     if old_manifest is None:
         if not force:
             raise ConfigurationError(
@@ -141,6 +147,6 @@ def prepare_resume(path: Path, manifest: Mapping[str, Any], *, force: bool
                      "to mix them anyway, or start a new results file")
     if len(kept) != len(nonblank):
         tmp = path.with_name(path.name + ".resume-tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        tmp.write_bytes(b"".join(line + b"\n" for line in kept))
         os.replace(tmp, path)
     return finished, overridden

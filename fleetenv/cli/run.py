@@ -11,7 +11,7 @@ keeps what it finished), then print the summary table.
 
 Before anything is provisioned, ``run`` checks the model endpoint (one tiny request) and
 the Fleet key (one cheap authenticated request; nothing on the local Fleet): see
-:mod:`fleetenv.cli.preflight`. The results file starts with the run manifest, which
+:mod:`fleetenv.cli.preflight`. Beside the results file is the run manifest, which
 ``--resume`` checks (:mod:`fleetenv.cli.resume`). Ctrl-C prints one line and exits 130
 (:mod:`fleetenv.cli.interrupts`).
 """

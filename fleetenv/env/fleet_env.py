@@ -618,6 +618,7 @@ class FleetEnv:
             if self._toolbox.is_local(name):  # shown to the agent, not a tool error
                 return self._observation([{"type": "text", "text": f"Error: {exc.message}"}],
                                          tool_name=name, call_id=call.id, error=exc.message)
+            state.tool_calls += 1  # refused, not sent: a call and a tool error all the same
             return self._tool_error(call, exc.message, info)
         if self._toolbox.is_local(name):
             return self._local_tool(call, arguments, info)

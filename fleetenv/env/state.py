@@ -33,7 +33,9 @@ class EpisodeStats:
 
     turns: int = 0
     tool_calls: int = 0
+    """Calls to the env's tools, sent or refused (bad arguments, unknown tool)."""
     tool_errors: int = 0
+    """The calls among them that failed (never more than ``tool_calls``)."""
     tool_error_messages: tuple[str, ...] = ()
     parse_errors: int = 0
     """Turns whose tool calls could not be read (each one a turn, see docs/episodes.md)."""

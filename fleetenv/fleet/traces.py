@@ -284,7 +284,8 @@ def _message(message: dict[str, Any], scrub: _Scrubber,
 
 def _part(part: Any, scrub: _Scrubber, images: _ImageBudget) -> Any:
     if isinstance(part, dict) and part.get("type") == "image_url":
-        url = (part.get("image_url") or {}).get("url")
+        image = part.get("image_url")  # OpenAI takes {"url": ...} or the URL itself
+        url = image.get("url") if isinstance(image, dict) else image
         if isinstance(url, str) and url.startswith("data:"):
             replacement = images.admit(url)
             return part if replacement is None else replacement

@@ -134,18 +134,19 @@ class RunData:
 
 def load_run(path: str | os.PathLike[str], *,
              events: str | os.PathLike[str] | None = None) -> RunData:
-    """Read a results file (and optionally an events file) into a :class:`RunData`.
+    """Read a results file, its run manifest and optionally an events file into a
+    :class:`RunData`.
 
     Raises ``ConfigurationError`` for a missing or empty file, ``ResultsFileError`` (from
     :func:`fleetenv.read_results`) for a malformed line.
     """
-    from fleetenv.rollouts.results import read_results
+    from fleetenv.rollouts.results import read_run
 
     file = Path(path)
     if not file.is_file():
         raise ConfigurationError("results file not found", file=str(file),
                                  hint="pass the .jsonl path that 'fleetenv run' printed")
-    results = read_results(file)
+    manifest, results = read_run(file)
     if not results:
         raise ConfigurationError("the results file has no results", file=str(file),
                                  hint="it is written as episodes finish; was the run "
@@ -153,7 +154,7 @@ def load_run(path: str | os.PathLike[str], *,
     by_task: dict[str, list[RolloutResult]] = defaultdict(list)
     for result in results:
         by_task[result.task_key].append(result)
-    run = RunData(path=file, results=results, manifest=_read_manifest(file),
+    run = RunData(path=file, results=results, manifest=manifest,
                   tasks=[TaskStats.of(key, rs) for key, rs in sorted(by_task.items())])
     tools = _tool_counts(results)
     if events is not None:
@@ -164,21 +165,6 @@ def load_run(path: str | os.PathLike[str], *,
         _add_result_latencies(tools, results)
     run.tools = sorted(tools.values(), key=lambda t: (-t.calls, t.name))
     return run
-
-
-def _read_manifest(file: Path) -> dict[str, Any] | None:
-    """The run manifest, when the results module can read one (older files have none)."""
-    from fleetenv.rollouts import results as results_module
-
-    reader = getattr(results_module, "read_manifest", None)
-    if reader is None:
-        return None
-    manifest = reader(file)
-    if manifest is None:
-        return None
-    if hasattr(manifest, "to_dict"):
-        manifest = manifest.to_dict()
-    return dict(manifest) if isinstance(manifest, dict) else None
 
 
 def _tool_counts(results: list[RolloutResult]) -> dict[str, ToolStats]:

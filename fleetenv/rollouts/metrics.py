@@ -272,6 +272,14 @@ def _rate(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
+def _tool_totals(results: list[RolloutResult]) -> tuple[int, int]:
+    """Tool calls and tool errors, the two sides of every tool-error rate. A result
+    written before refused calls counted as calls can hold more errors than calls: each
+    of its errors was a call."""
+    calls = sum(max(r.tool_calls, r.tool_errors) for r in results)
+    return calls, sum(r.tool_errors for r in results)
+
+
 def _graded_reward(result: RolloutResult) -> float | None:
     return result.reward if result.graded and result.reward is not None else None
 
@@ -300,8 +308,7 @@ def summarize(results: Iterable[RolloutResult], ks: Sequence[int] = (1,)) -> Sum
     variances = {task: _variance(rewards) for task, rewards in sorted(by_task.items())
                  if len(rewards) >= 2}
     nonzero = sum(1 for v in variances.values() if v > 0)
-    tool_calls = sum(r.tool_calls for r in items)
-    tool_errors = sum(r.tool_errors for r in items)
+    tool_calls, tool_errors = _tool_totals(items)
     return Summary(
         rollouts=len(items),
         tasks=len(tasks),
@@ -364,8 +371,7 @@ def _pass_at(k: int, by_task: dict[str, list[float]], all_tasks: int) -> PassAtK
 def _env_breakdown(env_key: str, results: list[RolloutResult]) -> EnvBreakdown:
     rewards = [r for r in (_graded_reward(x) for x in results) if r is not None]
     passed = sum(1 for r in rewards if r >= 1.0)
-    calls = sum(r.tool_calls for r in results)
-    errors = sum(r.tool_errors for r in results)
+    calls, errors = _tool_totals(results)
     return EnvBreakdown(
         env_key=env_key, rollouts=len(results), graded=len(rewards), passed=passed,
         pass_rate=_rate(passed, len(rewards)), mean_reward=_mean(rewards),

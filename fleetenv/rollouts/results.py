@@ -9,21 +9,24 @@ tool calls and errors, timings, instance id, verifier stdout / error, the error 
 failed rollout and the transcript. Secrets never reach it: error texts were redacted by
 ``run_episode`` and the config (with its key) is not part of a result.
 
-Schema (version 2)
+Schema (version 3)
 ------------------
-The first line of a file written by :class:`ResultsWriter` is a *header record*, the run
-manifest: a JSON object with ``"record": "manifest"`` and ``"schema_version": 2``, plus
-``fleetenv_version``, ``python``, ``packages`` (name -> version of the packages that shape
-a result), ``started_at`` (UTC, ISO 8601) and whatever the writer of the run adds (the
-``fleetenv run`` command adds ``command``, ``tasks_file``, ``tasks_sha256``, ``task_keys``,
-``policy``, ``policy_spec``, ``sampling``, ``seed``, ``samples_per_task``, ``max_steps``,
-``system_prompt_sha256`` and ``fleet``). A resumed run appends another header record with
-``"resumed": true``; the first one is the run's manifest. Every other line is one
-``RolloutResult.to_dict()``. Why a header and not a field per line: one record per run says
-once what makes two runs comparable, and result lines stay what they always were.
+Every line of a results file is one ``RolloutResult.to_dict()``, so ``jq``, pandas and
+``cat a.jsonl b.jsonl`` see results only. The run manifest is a JSON object in a file
+beside it, :func:`manifest_path`: ``<stem>.manifest.json`` for ``<stem>.jsonl`` (not a
+fixed ``metadata.json``: runs share a directory, ``fleetenv-runs/`` by default). It holds
+``"record": "manifest"``, ``"schema_version": 3``, ``fleetenv_version``, ``python``,
+``packages`` (name -> version of the packages that shape a result), ``started_at`` (UTC,
+ISO 8601) and whatever the writer of the run adds (the ``fleetenv run`` command adds
+``command``, ``tasks_file``, ``tasks_sha256``, ``task_keys``, ``policy``, ``policy_spec``,
+``sampling``, ``seed``, ``samples_per_task``, ``max_steps``, ``system_prompt_sha256`` and
+``fleet``). Each resume of the run adds its own record (the same fields, ``"resumed":
+true``) to the manifest's ``resumes`` list. It is written whole, atomically.
 
-Version 1 files (before the header existed) have result lines only; they read the same,
-with :func:`read_manifest` returning ``None``.
+Older files read the same: version 2 files have the manifest as their first line (and a
+line per resume), version 1 files have none (:func:`read_manifest` returns ``None``).
+Lines are decoded one by one, so a line cut inside a character is named like any other
+bad line.
 """
 
 from __future__ import annotations
@@ -45,21 +48,29 @@ from fleetenv.core.errors import ResultsFileError
 from fleetenv.rollouts.rollout import RolloutResult
 
 __all__ = ["MANIFEST_RECORD", "SCHEMA_VERSION", "ResultsFileError", "ResultsWriter",
-           "base_manifest", "is_header",
-           "iter_results", "read_manifest", "read_results", "read_run"]
+           "base_manifest", "is_header", "iter_results", "manifest_path", "read_manifest",
+           "read_results", "read_run"]
 
 #: Version of the results-file layout this module writes (see the module docstring).
-SCHEMA_VERSION = 2
-#: The ``record`` value that marks a header line (absent from result lines).
+SCHEMA_VERSION = 3
+#: The ``record`` value that marks a manifest (in version 2 files, a header line).
 MANIFEST_RECORD = "manifest"
 #: Packages whose versions can change what a result holds, recorded in the manifest.
 RECORDED_PACKAGES = ("mcp", "fleet-python", "requests", "httpx", "pydantic", "anyio")
+#: The largest manifest file read (a manifest is a few kB; each resume adds as much).
+MAX_MANIFEST_BYTES = 16 << 20
 
 _REQUIRED = ("task_key", "env_key")
 
 
+def manifest_path(path: str | os.PathLike[str]) -> Path:
+    """Where the run manifest of the results file ``path`` is: ``<stem>.manifest.json``
+    in the same directory."""
+    return Path(path).with_suffix(".manifest.json")
+
+
 def base_manifest() -> dict[str, Any]:
-    """The header fields every results file carries: schema, versions, start time."""
+    """The fields every run manifest carries: schema, versions, start time."""
     packages: dict[str, str] = {}
     for name in RECORDED_PACKAGES:
         try:
@@ -73,7 +84,7 @@ def base_manifest() -> dict[str, Any]:
 
 
 def is_header(data: Mapping[str, Any]) -> bool:
-    """Whether a parsed line is a header record rather than a result."""
+    """Whether a parsed object is a manifest rather than a result."""
     return data.get("record") == MANIFEST_RECORD
 
 
@@ -91,10 +102,11 @@ class ResultsWriter:
     """Appends one ``RolloutResult.to_dict()`` per line, flushed; safe to share between
     threads (executor callbacks write from several).
 
-    ``append=False`` (default) starts a fresh file, whose first line is the header record:
-    :func:`base_manifest` plus ``manifest`` (the run's settings). ``append=True`` adds to
-    an existing one (resuming a run); a header is written then only when ``manifest`` is
-    given (marked ``"resumed": true``). Parent directories are created.
+    ``append=False`` (default) starts a fresh file and writes its manifest beside it
+    (:func:`manifest_path`): :func:`base_manifest` plus ``manifest`` (the run's settings).
+    ``append=True`` adds to an existing one (resuming a run); when ``manifest`` is given,
+    it is added to the manifest's ``resumes`` (marked ``"resumed": true``). Parent
+    directories are created.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False,
@@ -112,14 +124,19 @@ class ResultsWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file: IO[str] | None = open(  # noqa: SIM115 (closed by close())
                 self.path, "a" if append else "w", encoding="utf-8")
-            if header is not None:
-                self._file.write(json.dumps(header, ensure_ascii=True,
-                                            default=_json_fallback) + "\n")
-                self._file.flush()
         except OSError as exc:
             raise ResultsFileError(f"cannot open the results file for writing: {exc}",
                                    hint="check the directory exists and is writable",
                                    file=str(self.path)) from exc
+        if header is not None:
+            try:
+                if append:
+                    _add_resume(self.path, header)
+                else:
+                    _write_manifest_file(self.path, header, [])
+            except BaseException:
+                self.close()
+                raise
         self.manifest = header
 
     def __repr__(self) -> str:
@@ -186,12 +203,72 @@ def _to_line(result: RolloutResult) -> str:
     return line
 
 
+def _add_resume(results: Path, record: dict[str, Any]) -> None:
+    """Add a resume's record to the manifest beside ``results`` (made from a version 2
+    file's first line when there is no manifest file yet)."""
+    beside = _read_manifest_file(results)
+    if beside is None:
+        has_lines = results.is_file() and results.stat().st_size > 0
+        beside = (read_manifest(results) if has_lines else None), []
+    manifest, resumes = beside
+    _write_manifest_file(results, manifest, [*resumes, record])
+
+
+def _write_manifest_file(results: Path, manifest: dict[str, Any] | None,
+                         resumes: list[dict[str, Any]]) -> None:
+    """Write the manifest file whole: a temporary file, then ``os.replace``."""
+    file = manifest_path(results)
+    document = {**(manifest or {}), **({"resumes": resumes} if resumes else {})}
+    text = json.dumps(document, ensure_ascii=True, indent=2, default=_json_fallback) + "\n"
+    temporary = file.with_name(f".{file.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, file)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise ResultsFileError(f"cannot write the run manifest: {exc}",
+                               hint="check free disk space and permissions",
+                               file=str(file)) from exc
+
+
+def _read_manifest_file(results: Path
+                        ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]] | None:
+    """The manifest (``None`` if it has none) and the resume records in the manifest file
+    beside ``results``; ``None`` when there is no such file (an older results file)."""
+    file = manifest_path(results)
+    try:
+        with open(file, "rb") as handle:
+            raw = handle.read(MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ResultsFileError(f"cannot read the run manifest: {exc}",
+                               hint="check the file's permissions", file=str(file)) from exc
+    where: dict[str, Any] = {"file": str(file),
+                             "hint": "fix it, or delete it: the results read without it"}
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ResultsFileError(f"{file}: over {MAX_MANIFEST_BYTES >> 20} MB, too large for "
+                               "a run manifest", **where)
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ResultsFileError(f"{file}: not a JSON run manifest ({exc})", **where) from None
+    resumes = data.pop("resumes", []) if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(resumes, list):
+        raise ResultsFileError(f"{file}: not a run manifest (expected a JSON object with "
+                               "a list of resumes)", **where)
+    return (data if is_header(data) else None), resumes
+
+
 def iter_results(path: str | os.PathLike[str]) -> Iterator[RolloutResult]:
-    """Yield the results of a JSONL file one by one; blank lines and header records are
-    skipped (files of either schema version read the same).
+    """Yield the results of a JSONL file one by one; blank lines and the header lines of
+    version 2 files are skipped (files of every schema version read the same).
 
     Raises :class:`ResultsFileError` naming the file and the line number for a line that
-    is not a JSON object with at least ``task_key`` and ``env_key``.
+    is not UTF-8 text of a JSON object with at least ``task_key`` and ``env_key``.
     """
     for item in _iter_records(Path(path)):
         if isinstance(item, RolloutResult):
@@ -204,30 +281,39 @@ def read_results(path: str | os.PathLike[str]) -> list[RolloutResult]:
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The run manifest (the first header record) of a results file; ``None`` for a
-    version 1 file, which has none. Reads only up to the first result line."""
-    for item in _iter_records(Path(path)):
+    """The run manifest of a results file: the one beside it (:func:`manifest_path`) or,
+    for a version 2 file, its first line; ``None`` for a version 1 file, which has none.
+    Reads no result line (a version 2 file: only its first)."""
+    file = Path(path)
+    beside = _read_manifest_file(file)
+    if beside is not None:
+        return beside[0]
+    for item in _iter_records(file):
         return item if isinstance(item, dict) else None
     return None
 
 
 def read_run(path: str | os.PathLike[str]
              ) -> tuple[dict[str, Any] | None, list[RolloutResult]]:
-    """The manifest (or ``None``) and every result of a results file, in one pass."""
-    manifest: dict[str, Any] | None = None
+    """The manifest (as :func:`read_manifest`) and every result of a results file, in one
+    pass over it."""
+    file = Path(path)
+    beside = _read_manifest_file(file)
+    manifest = beside[0] if beside is not None else None
     results: list[RolloutResult] = []
-    for item in _iter_records(Path(path)):
+    for index, item in enumerate(_iter_records(file)):
         if isinstance(item, RolloutResult):
             results.append(item)
-        elif manifest is None:
+        elif index == 0 and beside is None:
             manifest = item
     return manifest, results
 
 
 def _iter_records(file: Path) -> Iterator[RolloutResult | dict[str, Any]]:
-    """Header records (as dicts) and results, in file order."""
+    """Header lines (as dicts) and results, in file order. Read as bytes and decoded line
+    by line: a line cut inside a character is one bad line, not a failed file."""
     try:
-        handle = open(file, encoding="utf-8")  # noqa: SIM115 (closed by the with below)
+        handle = open(file, "rb")  # noqa: SIM115 (closed by the with below)
     except OSError as exc:
         raise ResultsFileError(f"cannot read the results file: {exc}",
                                hint="check the path", file=str(file)) from exc
@@ -237,18 +323,27 @@ def _iter_records(file: Path) -> Iterator[RolloutResult | dict[str, Any]]:
                 yield _parse_line(line, file, number)
 
 
-def _parse_line(line: str, file: Path, number: int) -> RolloutResult | dict[str, Any]:
+#: The hint for a bad last line without its newline: what a kill or a full disk leaves.
+_CUT_HINT = ("a run killed while writing leaves its last line cut: `fleetenv run ... "
+             "--resume FILE` runs that episode again, or delete the line")
+
+
+def _parse_line(raw: bytes, file: Path, number: int) -> RolloutResult | dict[str, Any]:
     where: dict[str, Any] = {"file": str(file), "line": number}
+    # Every line is written with its newline last: only a cut line lacks it.
+    hint = "fix or delete the line" if raw.endswith(b"\n") else _CUT_HINT
     try:
-        data = json.loads(line)
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ResultsFileError(f"{file}:{number}: not valid UTF-8 (at byte {exc.start + 1})",
+                               hint=hint, **where) from None
     except RecursionError:  # json's parser recurses once per nesting level
         raise ResultsFileError(f"{file}:{number}: JSON nested too deeply to read",
                                hint="fix or delete the line", **where) from None
     except json.JSONDecodeError as exc:
         raise ResultsFileError(
             f"{file}:{number}: not valid JSON ({exc.msg} at column {exc.colno})",
-            hint="a run killed while writing can leave a cut last line: delete that line",
-            **where) from None
+            hint=hint, **where) from None
     if not isinstance(data, dict):
         raise ResultsFileError(
             f"{file}:{number}: expected a JSON object, got {type(data).__name__}",
