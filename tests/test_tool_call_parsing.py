@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
+import time
 
 import pytest
 
 from fleetenv.core.errors import ConfigurationError, FleetEnvError, ToolCallParseError
-from fleetenv.env.tool_call_parsing import parse_tool_calls, render_tools, split_tool_calls
+from fleetenv.env.tool_call_parsing import (
+    PARSE_FORMATS,
+    parse_tool_calls,
+    render_tools,
+    split_tool_calls,
+)
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_ticket", "description": "Read one ticket.",
@@ -156,3 +163,95 @@ def test_offsets_count_in_the_text_as_written_around_reasoning() -> None:
         parse_tool_calls(text)
     assert info.value.offset == text.index('{"name"')
     assert '{"name": 5}' in info.value.message
+
+
+# ------------------------------------------------------------------- hostile text
+
+#: Far above what a linear parse of 100k characters takes; a super-linear one takes minutes.
+PARSE_BOUND_S = 2.0
+SIZES = [10_000, 100_000]
+
+
+def repeat(unit: str, size: int) -> str:
+    return unit * (size // len(unit))
+
+
+def hostile(size: int) -> dict[str, dict[str, str]]:
+    """Adversarial replies of about ``size`` characters, by the format each one aims at
+    (``any``: what is read before a format is: whitespace, reasoning, end tokens)."""
+    half = size // 2
+    hermes_call = '{"name": "a", "arguments": {}}'
+    llama_call = '{"name": "a", "parameters": {}}'
+    entry = '{"type": "function", "function": {"name": "a", "arguments": "{}"}}'
+    huge = '{"name": "a", "arguments": {"x": "' + "y" * size + '"}}'
+    return {
+        "any": {
+            "whitespace then a word": " " * size + "x",
+            "newlines then a word": "\n" * size + "x",
+            "whitespace around a bracket": " " * half + "[" + " " * half + "x",
+            "unclosed think tags": repeat("<think>", size),
+            "many think blocks": repeat("<think>a</think>", size) + "x",
+            "lone think ends": repeat("</think>", size),
+            "end tokens": "x" + repeat("<|eot_id|> ", size),
+            "nested braces": "{" * size,
+            "nested brackets": "[" * size,
+        },
+        "hermes": {
+            "unclosed tags": repeat("<tool_call>", size),
+            "a tag then whitespace": "<tool_call>" + " " * size,
+            "stray ends": repeat("</tool_call>", size),
+            "many calls": repeat(f"<tool_call>{hermes_call}</tool_call>", size),
+            "nested braces": "<tool_call>" + "{" * size + "</tool_call>",
+            "huge JSON": f"<tool_call>{huge}</tool_call>",
+        },
+        "llama3": {
+            "a start cut by whitespace": " " * half + "[ {" + " " * half + '"name"',
+            "python tags": repeat("<|python_tag|>", size),
+            "a tag then separators": "<|python_tag|>" + repeat(" ;", size),
+            "many calls": repeat(llama_call + "; ", size),
+            "an unclosed list": "[" + repeat(llama_call + ", ", size),
+            "huge JSON": huge.replace("arguments", "parameters"),
+        },
+        "mistral": {
+            "marks": repeat("[TOOL_CALLS]", size),
+            "many calls": repeat("[TOOL_CALLS]a[ARGS]{}", size),
+            "an unclosed list": "[TOOL_CALLS][" + repeat(hermes_call + ", ", size),
+            "nested brackets": "[TOOL_CALLS]" + "[" * size,
+            "a name without [ARGS]": "[TOOL_CALLS]" + "a" * size,
+            "call ids without [ARGS]": "[TOOL_CALLS]a" + repeat("[CALL_ID]", size),
+            "[ARGS] then whitespace": "[TOOL_CALLS]a[ARGS]" + " " * size,
+            "huge JSON": f"[TOOL_CALLS][{huge}]",
+        },
+        "openai": {
+            "many calls": '{"tool_calls": [' + ", ".join([entry] * (size // len(entry))) + "]}",
+            "nested tool_calls": '{"tool_calls": ' + "[" * size,
+            "huge content": json.dumps({"role": "assistant", "content": "y" * size,
+                                        "tool_calls": []}),
+        },
+    }
+
+
+def test_the_hostile_texts_aim_at_every_format() -> None:
+    assert set(hostile(10)) - {"any"} == set(PARSE_FORMATS) - {"auto"}
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize(("aim", "case"), [
+    (aim, case) for aim, cases in hostile(10).items() for case in cases])
+def test_hostile_text_is_read_in_linear_time_by_every_format(
+        aim: str, case: str, size: int) -> None:
+    text = hostile(size)[aim][case]
+    for fmt in PARSE_FORMATS:
+        started = time.perf_counter()
+        with contextlib.suppress(ToolCallParseError):  # a clear error is a fine answer
+            parse_tool_calls(text, fmt)
+        took = time.perf_counter() - started
+        assert took < PARSE_BOUND_S, f"format {fmt!r} took {took:.1f} s on {len(text)} chars"
+
+
+@pytest.mark.parametrize("aim", ["hermes", "llama3", "mistral", "openai"])
+def test_every_call_of_a_long_reply_is_read(aim: str) -> None:
+    text = hostile(100_000)[aim]["many calls"]
+    calls = named(text)
+    assert len(calls) > 1000 and all(call == ("a", {}) for call in calls)
+    assert named(text, aim) == calls

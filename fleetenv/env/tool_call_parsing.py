@@ -26,6 +26,10 @@ A tool call that is there but cannot be read raises :class:`ToolCallParseError` 
 format, the offset and a snippet. Arguments are taken as written: arguments that are not
 an object are left for the episode to report to the agent (an error observation it can
 recover from), like any other malformed arguments.
+
+Reading takes time linear in the text's length, whatever the text: the readers scan with
+``str.find`` and ``json``'s decoder, and the one regex has no two quantifiers that can
+share a character (a regex holds the GIL, so a backtracking one stalls every thread).
 """
 
 from __future__ import annotations
@@ -54,14 +58,16 @@ PARSE_FORMATS = ("auto", "openai", "hermes", "llama3", "mistral")
 PROMPT_FORMATS = ("openai", "hermes", "llama3", "mistral")
 
 _SNIPPET_CHARS = 60
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _MISTRAL_MARK = "[TOOL_CALLS]"
 _PYTHON_TAG = "<|python_tag|>"
 #: End-of-turn tokens a sampler may leave at the end of the text.
 _END_TOKENS = ("<|eom_id|>", "<|eot_id|>", "<|im_end|>", "</s>", "<|end|>", "<|endoftext|>")
+_DECODER = json.JSONDecoder()
 #: A JSON object (or list of them) that starts with a ``"name"`` key: a Llama-style call.
-_LLAMA_START = re.compile(r'\s*(?:<\|python_tag\|>)?\s*\[?\s*\{\s*"name"\s*:')
+#: Matched after the leading whitespace, so no two ``\s*`` meet (linear on any text).
+_LLAMA_START = re.compile(r'\[?\s*\{\s*"name"\s*:')
 
 
 @dataclass(frozen=True)
@@ -164,28 +170,31 @@ def _strip_reasoning(text: str) -> tuple[str, list[tuple[int, int]]]:
     text, characters removed)``, to map offsets back."""
     removed: list[tuple[int, int]] = []
     kept: list[str] = []
-    position = 0
-    for match in _THINK.finditer(text):
-        kept.append(text[position:match.start()])
-        removed.append((sum(map(len, kept)), match.end() - match.start()))
-        position = match.end()
+    kept_chars = position = 0
+    # A scan, not a regex: one pass even over many unclosed <think> tags.
+    while (start := text.find(_THINK_OPEN, position)) != -1:
+        end = text.find(_THINK_CLOSE, start + len(_THINK_OPEN))
+        if end == -1:
+            break  # no later <think> has an end either
+        end += len(_THINK_CLOSE)
+        kept.append(text[position:start])
+        kept_chars += start - position
+        removed.append((kept_chars, end - start))
+        position = end
     kept.append(text[position:])
     cleaned = "".join(kept)
-    if "</think>" in cleaned and "<think>" not in cleaned:
-        cut = cleaned.index("</think>") + len("</think>")
+    if _THINK_CLOSE in cleaned and _THINK_OPEN not in cleaned:
+        cut = cleaned.index(_THINK_CLOSE) + len(_THINK_CLOSE)
         removed = [(0, cut + sum(size for _, size in removed))]
         cleaned = cleaned[cut:]
-    stripped = cleaned.rstrip()
-    changed = True
-    while changed:
-        changed = False
-        for token in _END_TOKENS:
-            if stripped.endswith(token):
-                stripped = stripped[: -len(token)].rstrip()
-                changed = True
-    if len(stripped) < len(cleaned):
-        removed.append((len(stripped), len(cleaned) - len(stripped)))
-    return stripped, removed
+    end = len(cleaned.rstrip())
+    while token := next((t for t in _END_TOKENS if cleaned.endswith(t, 0, end)), None):
+        end -= len(token)
+        while end and cleaned[end - 1].isspace():
+            end -= 1
+    if end < len(cleaned):
+        removed.append((end, len(cleaned) - end))
+    return cleaned[:end], removed
 
 
 def _detect(text: str) -> str:
@@ -193,9 +202,9 @@ def _detect(text: str) -> str:
         return "hermes"
     if _MISTRAL_MARK in text:
         return "mistral"
-    if _PYTHON_TAG in text or _LLAMA_START.match(text):
-        return "llama3"
     stripped = text.lstrip()
+    if _PYTHON_TAG in text or _LLAMA_START.match(stripped):
+        return "llama3"
     if stripped[:1] in ("{", "["):
         try:
             value = json.loads(stripped)
@@ -248,12 +257,18 @@ def _parse_error(fmt: str, text: str, offset: int, what: str) -> ToolCallParseEr
                               hint=_HINTS[fmt], format=fmt, offset=offset)
 
 
+def _skip_space(text: str, position: int) -> int:
+    """The first position at or after ``position`` that is not whitespace."""
+    while position < len(text) and text[position].isspace():
+        position += 1
+    return position
+
+
 def _decode_at(fmt: str, text: str, start: int, what: str) -> tuple[Any, int]:
     """The JSON value starting at ``start`` (after whitespace), and where it ends."""
-    while start < len(text) and text[start].isspace():
-        start += 1
+    start = _skip_space(text, start)
     try:
-        return json.JSONDecoder().raw_decode(text, start)
+        return _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as exc:
         raise _error(fmt, text, exc.pos, f"{what} is not valid JSON ({exc.msg})") from None
     except RecursionError:
@@ -302,10 +317,10 @@ def _hermes(text: str) -> ParsedText:
         outside.append(text[position:start])
         body_start = start + len(_HERMES_OPEN)
         what = f"tool call {len(calls) + 1}"
-        body = text[body_start:].lstrip()
-        if not body or body.startswith(_HERMES_CLOSE):
+        body_at = _skip_space(text, body_start)  # an index, not a copy of the rest
+        if body_at == len(text) or text.startswith(_HERMES_CLOSE, body_at):
             raise _error(fmt, text, start, f"{what} is empty")
-        value, stop = _decode_at(fmt, text, body_start, what)
+        value, stop = _decode_at(fmt, text, body_at, what)
         end = text.find(_HERMES_CLOSE, stop)
         between = text[stop:end if end != -1 else len(text)]
         if between.strip():
@@ -359,9 +374,7 @@ def _mistral(text: str) -> ParsedText:
     while position < len(text):
         if not text.startswith(_MISTRAL_MARK, position):
             raise _error(fmt, text, position, "text after the tool calls")
-        position += len(_MISTRAL_MARK)
-        while position < len(text) and text[position].isspace():
-            position += 1
+        position = _skip_space(text, position + len(_MISTRAL_MARK))
         what = f"tool call {len(calls) + 1}"
         if text.startswith("[", position):  # [TOOL_CALLS][{...}, {...}]
             value, position = _decode_at(fmt, text, position, what)
@@ -382,8 +395,7 @@ def _mistral(text: str) -> ParsedText:
                 entry["id"] = call_id.strip()
             calls.append(_call(fmt, entry, text=text, offset=position, what=what))
             position = stop
-        while position < len(text) and text[position].isspace():
-            position += 1
+        position = _skip_space(text, position)
     return ParsedText(tuple(calls), text[:first].strip(), fmt)
 
 
