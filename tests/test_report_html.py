@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import anyio
 import pytest
+from _support.browser import Page, chromium_page
 
 from fleetenv.cli.main import main
 from fleetenv.core.config import resolve_config
@@ -27,7 +25,6 @@ from fleetenv.core.task_files import load_tasks
 from fleetenv.env.actions import FinalAnswer, ToolCall
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
-from fleetenv.local.cdp import Browser
 from fleetenv.reports import compare_runs, load_run, render_html
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
 from fleetenv.rollouts.results import ResultsWriter, read_manifest
@@ -89,71 +86,10 @@ def runs(local_fleet: LocalFleet, tmp_path_factory: pytest.TempPathFactory) -> R
 # ---------------------------------------------------------------------- a real browser
 
 
-class Page:
-    """One Chromium tab over CDP: navigate, evaluate, and every console error it logged."""
-
-    def __init__(self, ws: Any) -> None:
-        self._ws = ws
-        self._id = 0
-        self.errors: list[str] = []
-        self._events: list[dict[str, Any]] = []
-        for method in ("Runtime.enable", "Log.enable", "Page.enable"):
-            self.send(method)
-
-    def send(self, method: str, **params: Any) -> dict[str, Any]:
-        self._id += 1
-        ident = self._id
-        self._ws.send(json.dumps({"id": ident, "method": method, "params": params}))
-        while True:
-            message = json.loads(self._ws.recv(timeout=20))
-            if message.get("id") == ident:
-                if "error" in message:
-                    raise AssertionError(f"{method}: {message['error']}")
-                result: dict[str, Any] = message.get("result", {})
-                return result
-            self._note(message)
-
-    def _note(self, message: dict[str, Any]) -> None:
-        method, params = message.get("method"), message.get("params", {})
-        self._events.append(message)
-        if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "warning",
-                                                                           "assert"):
-            self.errors.append(f"console.{params['type']}: {params.get('args')}")
-        elif method == "Runtime.exceptionThrown":
-            self.errors.append(f"exception: {params.get('exceptionDetails')}")
-        elif method == "Log.entryAdded" and params["entry"].get("level") in ("error",
-                                                                             "warning"):
-            self.errors.append(f"log: {params['entry'].get('text')}")
-
-    def open(self, path: Path) -> None:
-        self._events.clear()
-        self.send("Page.navigate", url=path.resolve().as_uri())
-        while not any(e.get("method") == "Page.loadEventFired" for e in self._events):
-            self._note(json.loads(self._ws.recv(timeout=30)))
-
-    def eval(self, expression: str) -> Any:
-        reply = self.send("Runtime.evaluate", expression=expression, returnByValue=True,
-                          awaitPromise=True)
-        if "exceptionDetails" in reply:
-            raise AssertionError(f"{expression}: {reply['exceptionDetails']}")
-        return reply["result"].get("value")
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Page]:
-    from websockets.sync.client import connect
-
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    chromium = Browser(executable, owner="test_report_html")
-    try:
-        anyio.run(chromium.start, 1280, 900)
-        described = anyio.run(chromium.describe)
-        with connect(described["cdp_page_url"], max_size=None, open_timeout=10) as ws:
-            yield Page(ws)
-    finally:
-        chromium.stop()
+    with chromium_page("test_report_html") as page:
+        yield page
 
 
 def _report(runs: Runs, tmp_path: Path, *args: str) -> Path:

@@ -18,15 +18,23 @@ openenv``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 #: Defaults that differ by mode (resolved in ``run``; argparse cannot know the mode yet).
 _DEFAULT_PORT = {"local": 8765, "openenv": 8000}
 
-_LOCAL_ONLY = ("token", "apps", "ttl_seconds", "verifier_timeout")
+_LOCAL_ONLY = ("apps", "ttl_seconds", "verifier_timeout")
 _OPENENV_ONLY = ("task", "tasks", "max_sessions", "session_timeout", "max_steps",
-                 "unknown_reward")
+                 "unknown_reward", "allow_origin")
+
+_TOKEN_HELP = {
+    "local": "API token clients must send (default: a random one)",
+    "openenv": "token clients must send, as the password of the base URL "
+               "(http://fleetenv:TOKEN@host:port); 'auto' makes a random one and prints "
+               "that URL (default: $FLEETENV_OPENENV_TOKEN, else none)",
+}
 
 
 def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:
@@ -37,20 +45,20 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
     # The legacy forms ('fleetenv serve --port 0', 'fleetenv serve --openenv --task K')
     # parse on this parser: it knows every option, without listing them in its help.
     parser.add_argument("--openenv", action="store_true", help=argparse.SUPPRESS)
-    _add_common(parser, hidden=True)
+    _add_common(parser, hidden=True, token_help="")
     _add_local(parser, hidden=True)
     _add_openenv(parser, hidden=True)
     modes = parser.add_subparsers(dest="serve_mode", metavar="MODE")
     local = modes.add_parser("local", help="the embedded local Fleet (default port 8765)",
                              description="Run the embedded local Fleet in the foreground.")
-    _add_common(local, hidden=False)
+    _add_common(local, hidden=False, token_help=_TOKEN_HELP["local"])
     _add_local(local, hidden=False)
     openenv = modes.add_parser(
         "openenv", help="Fleet tasks as an OpenEnv environment server (default port 8000)",
         description="Serve Fleet tasks over OpenEnv's HTTP/WebSocket API: each OpenEnv "
                     "session gets its own Fleet instance, deleted when the session closes. "
                     "Needs openenv-core (pip install 'fleetenv[openenv]').")
-    _add_common(openenv, hidden=False)
+    _add_common(openenv, hidden=False, token_help=_TOKEN_HELP["openenv"])
     _add_openenv(openenv, hidden=False)
     return parser
 
@@ -66,7 +74,7 @@ def _option(parser: argparse.ArgumentParser, hidden: bool, *flags: str,
                         default=argparse.SUPPRESS, **kwargs)
 
 
-def _add_common(parser: argparse.ArgumentParser, *, hidden: bool) -> None:
+def _add_common(parser: argparse.ArgumentParser, *, hidden: bool, token_help: str) -> None:
     _option(parser, hidden, "--host", default="127.0.0.1",
             help="interface to bind (default 127.0.0.1)")
     _option(parser, hidden, "--port", type=int, default=None,
@@ -74,11 +82,10 @@ def _add_common(parser: argparse.ArgumentParser, *, hidden: bool) -> None:
     _option(parser, hidden, "--allow-non-loopback", action="store_true", default=False,
             help="allow binding a non-loopback interface (exposes the server: anyone who "
                  "reaches it can create instances)")
+    _option(parser, hidden, "--token", default=None, help=token_help)
 
 
 def _add_local(parser: argparse.ArgumentParser, *, hidden: bool) -> None:
-    _option(parser, hidden, "--token", default=None,
-            help="API token clients must send (default: a random one)")
     _option(parser, hidden, "--apps", default=None, metavar="MODULE:ATTR",
             help="serve these apps ({env_key: AppSpec}) instead of the bundled sample apps")
     _option(parser, hidden, "--ttl-seconds", type=int, default=3600,
@@ -103,6 +110,10 @@ def _add_openenv(parser: argparse.ArgumentParser, *, hidden: bool) -> None:
             help="turns per episode (default: the config's max_steps)")
     _option(parser, hidden, "--unknown-reward", type=float, default=None, metavar="R",
             help="reward sent for an episode whose grade is unknown (default: null)")
+    _option(parser, hidden, "--allow-origin", action="append", metavar="ORIGIN",
+            help="let web pages of this origin (scheme://host[:port]) use the server; "
+                 "repeatable (default: only the server's own pages, and clients that are "
+                 "not browsers)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,7 +150,7 @@ _DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1", "port": None, "token": None, "allow_non_loopback": False,
     "apps": None, "ttl_seconds": 3600, "verifier_timeout": 30.0, "tasks": None,
     "task": None, "max_sessions": None, "session_timeout": None, "max_steps": None,
-    "unknown_reward": None,
+    "unknown_reward": None, "allow_origin": None,
 }
 
 
@@ -188,6 +199,7 @@ def _run_openenv(args: argparse.Namespace) -> int:
     from fleetenv.fleet.session import Session
 
     try:
+        from fleetenv.adapters.openenv.access import TOKEN_ENV, new_token, url_with_token
         from fleetenv.adapters.openenv.server import FleetServerSettings, OpenEnvServer
     except ImportError as exc:
         raise SystemExit(f"fleetenv serve openenv: {exc}") from None
@@ -199,6 +211,10 @@ def _run_openenv(args: argparse.Namespace) -> int:
     else:
         tasks = load_tasks(args.tasks)
         session = Session()
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    made_token = token == "auto"
+    if made_token:
+        token = new_token()
     options: dict[str, Any] = {}
     if args.max_steps is not None:
         options["max_steps"] = args.max_steps
@@ -207,13 +223,22 @@ def _run_openenv(args: argparse.Namespace) -> int:
                                              unknown_reward=args.unknown_reward, **options)
         server = OpenEnvServer(settings, host=args.host, port=args.port,
                                max_sessions=args.max_sessions,
-                               session_timeout_s=args.session_timeout)
+                               session_timeout_s=args.session_timeout,
+                               allowed_origins=args.allow_origin or (), token=token)
         try:
             with server:
                 where = "Fleet" if not session.config.use_local else "the embedded local Fleet"
                 print(f"OpenEnv server for {len(tasks)} task(s) on {where} at {server.url}  "
                       "(Ctrl-C to stop)")
-                print(f"connect: GenericEnvClient(base_url={server.url!r})")
+                if token is None:
+                    print(f"connect: GenericEnvClient(base_url={server.url!r})")
+                elif made_token:  # printed once, for the operator: nobody else knows it
+                    print("connect: GenericEnvClient(base_url="
+                          f"{url_with_token(server.url, token)!r})")
+                else:
+                    print("connect: GenericEnvClient(base_url="
+                          f"{url_with_token(server.url, 'TOKEN')!r})  (TOKEN: your token, "
+                          "percent-encoded)")
                 sys.stdout.flush()
                 server.wait()
         except KeyboardInterrupt:
@@ -222,8 +247,8 @@ def _run_openenv(args: argparse.Namespace) -> int:
 
 
 def _check_loopback(host: str, allowed: bool) -> None:
-    """The OpenEnv server has no authentication and every session creates an instance
-    on the caller's Fleet account: binding beyond loopback must be asked for."""
+    """Every OpenEnv session creates an instance on the caller's Fleet account: binding
+    beyond loopback must be asked for (and wants a token)."""
     import ipaddress
 
     if allowed or host == "localhost":
@@ -234,6 +259,6 @@ def _check_loopback(host: str, allowed: bool) -> None:
         loopback = False
     if not loopback:
         raise SystemExit(f"fleetenv serve openenv: --host {host} is not a loopback address; "
-                         "the server has no authentication and creates instances on your "
-                         "Fleet account for whoever connects. Add --allow-non-loopback "
-                         "to serve on it anyway")
+                         "the server creates instances on your Fleet account for whoever "
+                         "connects. Add --allow-non-loopback to serve on it anyway, with "
+                         "--token auto so that only clients given its URL can")

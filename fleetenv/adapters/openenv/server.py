@@ -10,7 +10,8 @@ share one :class:`fleetenv.Session`, so fleetenv's caps (``max_live_instances``,
 
 Run it with ``fleetenv serve openenv`` (or ``fleetenv serve --openenv``), or in-process
 with :class:`OpenEnvServer` (uvicorn in a thread) or :func:`create_fleet_app` (the
-FastAPI app to run yourself).
+FastAPI app to run yourself). Either way the app refuses web pages of other sites and
+DNS-rebound names, and can require a token (:mod:`fleetenv.adapters.openenv.access`).
 
 What a client sends (``FleetServerAction``, one model for all forms, told apart by
 ``type``, which may be left out):
@@ -54,7 +55,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -86,6 +87,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pip install 'fleetenv[openenv]'"
     ) from exc
 
+from fleetenv.adapters.openenv.access import AccessGuard, AccessRules
 from fleetenv.core.config import finite_reward
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError
 from fleetenv.core.tasks import Task, select_tasks
@@ -419,13 +421,18 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
 
 
 def create_fleet_app(settings: FleetServerSettings, *, max_sessions: int | None = None,
-                     session_timeout_s: float | None = None) -> FastAPI:
+                     session_timeout_s: float | None = None,
+                     allowed_origins: Iterable[str] = (),
+                     token: str | None = None) -> FastAPI:
     """openenv-core's FastAPI app serving ``settings``' tasks.
 
     ``max_sessions`` (default: the session's ``max_live_instances``) caps concurrent
     OpenEnv sessions; ``session_timeout_s`` closes (and deletes the instance of) a
-    session idle that long.
+    session idle that long. Every request passes :class:`~fleetenv.adapters.openenv.
+    access.AccessGuard`: a ``Host`` naming the server, no foreign ``Origin`` (besides
+    ``allowed_origins``), and ``token`` as HTTP Basic auth when one is given.
     """
+    rules = AccessRules.build(allowed_origins, token)  # bad input fails here, not per request
     limit = max_sessions or settings.session.config.max_live_instances
     factory = functools.partial(FleetOpenEnvEnvironment, settings)
     app: FastAPI = create_fastapi_app(
@@ -433,6 +440,7 @@ def create_fleet_app(settings: FleetServerSettings, *, max_sessions: int | None 
         concurrency_config=ConcurrencyConfig(max_concurrent_envs=limit,
                                              session_timeout=session_timeout_s))
     app.add_middleware(_QuietWebSocketClose)
+    app.add_middleware(AccessGuard, rules=rules)  # added last: runs first
     return app
 
 
@@ -461,18 +469,21 @@ class OpenEnvServer:
     """The app under uvicorn in a background thread: ``start()``, ``url``, ``stop()``.
 
     For tests and embedding; ``fleetenv serve openenv`` runs the same app in the
-    foreground. ``port=0`` picks a free port (read it from ``url``).
+    foreground. ``port=0`` picks a free port (read it from ``url``, which never holds the
+    token: clients connect to ``url_with_token(server.url, token)`` when there is one).
     """
 
     def __init__(self, settings: FleetServerSettings, *, host: str = "127.0.0.1",
                  port: int = 0, max_sessions: int | None = None,
                  session_timeout_s: float | None = None,
+                 allowed_origins: Iterable[str] = (), token: str | None = None,
                  startup_timeout_s: float = 30.0) -> None:
         import uvicorn
 
         self.settings = settings
         app = create_fleet_app(settings, max_sessions=max_sessions,
-                               session_timeout_s=session_timeout_s)
+                               session_timeout_s=session_timeout_s,
+                               allowed_origins=allowed_origins, token=token)
         self._server = uvicorn.Server(uvicorn.Config(
             app, host=host, port=port, log_level="warning",
             timeout_graceful_shutdown=10))
