@@ -65,6 +65,12 @@ class InstanceRegistry:
         with self._lock:
             self._sweepers.append(sweep)
 
+    def remove_sweeper(self, sweep: Callable[[], object]) -> None:
+        """Forget a sweeper added with :meth:`add_sweeper` (no error if it is not there)."""
+        with self._lock:
+            if sweep in self._sweepers:
+                self._sweepers.remove(sweep)
+
     def add(self, instance: LiveInstance) -> None:
         with self._lock:
             self._live[instance.instance_id] = instance
