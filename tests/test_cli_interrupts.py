@@ -14,6 +14,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,17 +77,22 @@ def faults(local_fleet: LocalFleet) -> Iterator[list[str]]:
 
 
 def interrupt_run(fleet: LocalFleet, tmp_path: Path, when: Callable[[], bool], what: str,
+                  signals: tuple[int, ...] = (signal.SIGINT,), prefix: tuple[str, ...] = (),
                   ) -> tuple[int, str, Path]:
+    """Start ``fleetenv run`` (after ``prefix``, a command such as ``nohup``), wait for
+    ``when``, then send ``signals`` in order."""
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["helpdesk-busiest-agent"])
     out = tmp_path / "results.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetenv", "run", str(tasks), "--policy", "reference",
-         "-n", "3", "--workers", "3", "--out", str(out)],
-        env=env_for(fleet), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [*prefix, sys.executable, "-m", "fleetenv", "run", str(tasks), "--policy",
+         "reference", "-n", "3", "--workers", "3", "--out", str(out)],
+        env=env_for(fleet), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: when() or proc.poll() is not None, what=what)
         assert proc.poll() is None, "the run ended before it could be interrupted"
-        proc.send_signal(signal.SIGINT)
+        for signum in signals:
+            proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -155,6 +161,40 @@ def test_ctrl_c_with_a_create_that_never_answers_still_exits(
     code, err, _ = interrupt_run(local_fleet, tmp_path,
                                  lambda: fault_hits(local_fleet, fault) >= 3,
                                  "three creates held")
+    *_, last = quiet_lines(code, err)
+    assert last.startswith("fleetenv run: interrupted: stopped 3 running episode(s)"), last
+    assert running_ids(local_fleet) <= before
+
+
+@pytest.mark.timeout(120)
+def test_a_closed_terminal_deletes_the_instances_of_a_run(
+        local_fleet: LocalFleet, tmp_path: Path, faults: list[str]) -> None:
+    """SIGHUP (the terminal closed, the ssh session dropped). Before, its default action
+    ended the run at once and its instances ran on until their TTL. Now it is SIGTERM's
+    twin: the instances are deleted, and the exit status is 128 + SIGHUP."""
+    before = running_ids(local_fleet)
+    fault = local_fleet.faults.add("tool_hang")
+    faults.append(fault)
+    code, err, _ = interrupt_run(local_fleet, tmp_path,
+                                 lambda: fault_hits(local_fleet, fault) >= 3,
+                                 "three held tool calls", signals=(signal.SIGHUP,))
+    assert code == 128 + signal.SIGHUP, err
+    assert running_ids(local_fleet) <= before
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("nohup") is None, reason="needs nohup")
+def test_under_nohup_a_closed_terminal_does_not_end_the_run(
+        local_fleet: LocalFleet, tmp_path: Path, faults: list[str]) -> None:
+    """``nohup`` ignores SIGHUP so the run outlives the terminal: fleetenv leaves it
+    ignored. The SIGINT sent right after it is what ends the run (130, not 129)."""
+    before = running_ids(local_fleet)
+    fault = local_fleet.faults.add("tool_hang")
+    faults.append(fault)
+    code, err, _ = interrupt_run(local_fleet, tmp_path,
+                                 lambda: fault_hits(local_fleet, fault) >= 3,
+                                 "three held tool calls",
+                                 signals=(signal.SIGHUP, signal.SIGINT), prefix=("nohup",))
     *_, last = quiet_lines(code, err)
     assert last.startswith("fleetenv run: interrupted: stopped 3 running episode(s)"), last
     assert running_ids(local_fleet) <= before

@@ -122,9 +122,10 @@ CHAINED_SCRIPT = """
 
     def mine(signum, frame):
         print("USER HANDLER", flush=True)
+        sys.stdin.readline()  # until the test saw the instance deleted
         sys.exit(7)
 
-    signal.signal(signal.SIGTERM, mine)
+    signal.signal(getattr(signal, os.environ["T_SIGNAL"]), mine)
     task = next(t for t in fleetenv.load_tasks(bundled_tasks_path())
                 if t.modality == "tool_use")
     session = fleetenv.Session(api_key=os.environ["T_KEY"], base_url=os.environ["T_URL"],
@@ -134,31 +135,41 @@ CHAINED_SCRIPT = """
     worker.start()
     worker.join()
     print("READY", env.instance_id, flush=True)
-    sys.stdin.readline()
+    signal.pause()
     print("UNREACHABLE", flush=True)
 """
 
 
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
 def test_sigterm_chains_to_the_users_own_handler_after_starting_the_cleanup(
-        local_fleet: LocalFleet) -> None:
+        local_fleet: LocalFleet, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SIGHUP (a closed terminal) as SIGTERM: before, fleetenv did not handle it at all.
+    monkeypatch.setenv("T_SIGNAL", name)
     tag = f"test-sigterm-chain-{uuid.uuid4().hex[:8]}"
     child = _child(CHAINED_SCRIPT, local_fleet, tag)
     assert child.stdout is not None
     line = child.stdout.readline()
     assert line.startswith("READY"), line
-    child.send_signal(signal.SIGTERM)
-    out, err = _finish(child, 30)
-    assert "USER HANDLER" in out and "UNREACHABLE" not in out
+    child.send_signal(getattr(signal, name))
+    try:
+        assert child.stdout.readline().startswith("USER HANDLER")
+        # Started before the user's handler ran, the cleanup does not wait for it.
+        stopped = poll_until(lambda: _status_of(local_fleet, line.split()[1]) == "stopped",
+                             10)
+        assert stopped and child.poll() is None
+    finally:
+        out, err = _finish(child, 30)  # closes stdin: the user's handler goes on
+    assert "UNREACHABLE" not in out
     assert child.returncode == 7, err[-3000:]
-    assert _status_of(local_fleet, line.split()[1]) == "stopped"
 
 
 def test_importing_fleetenv_changes_no_signal_handler() -> None:
     code = ("import signal, fleetenv, fleetenv.rollouts.runner; "
-            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)")
+            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "
+            "signal.getsignal(signal.SIGHUP) is signal.SIG_DFL)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout
-    assert out.strip() == "True"
+    assert out.strip() == "True True"
 
 
 # ---------------------------------------------------------------------------- 5. hung call
@@ -538,6 +549,39 @@ def _processes_marked(mark: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_closed_terminal_leaves_no_instance_and_no_worker_process(
+        local_fleet: LocalFleet, local_faults: Any) -> None:
+    """The terminal closes: its SIGHUP reaches the whole foreground process group, the
+    Runner's worker processes included. Before, SIGHUP's default action ended every one
+    of them at once and their instances ran on until their TTL. Now each process deletes
+    what it holds and exits with 129."""
+    local_faults.add("tool_hang")
+    tag = f"test-exit-sighup-{uuid.uuid4().hex[:8]}"
+    mark = f"FLEETENV_TEST_MARK_{uuid.uuid4().hex}"
+    env = dict(os.environ, T_KEY=local_fleet.token, T_URL=local_fleet.base_url, T_TAG=tag)
+    env[mark] = "1"
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROCESS_RUNNER_SCRIPT)],
+                             env=env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL,  # workers must not hold our pipes
+                             start_new_session=True)  # a process group, as a terminal's job
+    try:
+        assert child.stdout is not None and child.stdout.readline().startswith("RUNNING")
+        wait_for(lambda: _hits(local_faults, "tool_hang") >= 2, 60, "two held tool calls")
+        assert len(_running_with_tag(local_fleet, tag)) == 2
+        os.killpg(child.pid, signal.SIGHUP)
+        assert child.wait(60) == 128 + signal.SIGHUP  # the hang bound: well within it
+        assert poll_until(lambda: _processes_marked(mark) == [], 20), _processes_marked(mark)
+        assert poll_until(lambda: not _running_with_tag(local_fleet, tag), 10), \
+            _running_with_tag(local_fleet, tag)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for pid in _processes_marked(mark):
+            os.kill(pid, signal.SIGKILL)
+    assert len(_created_with_tag(local_fleet, tag)) == 2
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")

@@ -10,6 +10,7 @@ the display tests use IPython's own display formatter.
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import uuid
@@ -114,6 +115,50 @@ def test_the_warning_is_shown_by_default() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)
     assert "UnclosedEnvWarning: dropped env" in done.stderr
+
+
+# A fresh process drops an env unclosed, then reports what is left once its instance
+# is gone: any thread besides the main one and the event loop is a leak (the threads of
+# earlier tests cannot hide it, as they can in this process).
+DROPPED_ENV_SCRIPT = f"""
+import gc, os, threading, time, warnings
+import fleetenv
+from fleetenv.local.apps import bundled_tasks_path
+
+warnings.simplefilter("ignore")
+task = next(t for t in fleetenv.load_tasks(bundled_tasks_path()) if t.key == {TOOL_TASK!r})
+session = fleetenv.Session(api_key=os.environ["T_KEY"], base_url=os.environ["T_URL"])
+env = fleetenv.FleetEnv(task, session=session)
+env.reset()
+print("INSTANCE", env.instance_id, flush=True)
+del env
+gc.collect()
+
+def others():
+    return sorted(t.name for t in threading.enumerate()
+                  if t is not threading.main_thread() and t.name != "fleetenv-loop")
+
+deadline, pause = time.monotonic() + 20, 0.01
+while (session.live_instance_ids() or others()) and time.monotonic() < deadline:
+    time.sleep(pause)  # polling for the cleanup to finish, with backoff
+    pause = min(pause * 2, 0.2)
+print("LIVE", session.live_instance_ids(), flush=True)
+print("THREADS", others(), flush=True)
+"""
+
+
+def test_a_dropped_envs_cleanup_leaves_no_thread_behind(local_fleet: LocalFleet) -> None:
+    # Before, the first FleetEnv started a cleanup thread that never ended (the chaos
+    # suite's "STRAY THREADS: ['fleetenv-unclosed-envs']"), whether or not an env was
+    # ever dropped.
+    env = {"T_KEY": local_fleet.token, "T_URL": local_fleet.base_url}
+    done = subprocess.run([sys.executable, "-c", DROPPED_ENV_SCRIPT], capture_output=True,
+                          text=True, timeout=90, env={**os.environ, **env})
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert lines["LIVE"] == "[]" and lines["THREADS"] == "[]", done.stdout
+    status = {i["instance_id"]: i["status"] for i in local_fleet.instances()}
+    assert status[lines["INSTANCE"]] == "stopped"
 
 
 # ---------------------------------------------------------------------- a real kernel

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _support.waiting import wait_for
+from _support.waiting import poll_until, wait_for
 
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError
@@ -207,6 +207,64 @@ def test_ctrl_c_in_the_driver_deletes_the_instances_of_every_worker(
     assert "KeyboardInterrupt" in err, err[-2000:]
     assert len(_created_with_tags(local_fleet, mine)) == 4
     assert _running_with_tags(local_fleet, mine) == []
+
+
+# A driver without `with`: its training loop (the readline) gets SIGTERM, or fails.
+UNCLOSED_DRIVER_SCRIPT = textwrap.dedent("""
+    import os, sys
+    import ray
+    from fleetenv.core.config import resolve_config
+    from fleetenv.core.task_files import load_tasks
+    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv.rollouts.ray_runner import RayRunner
+
+    ray.init(address=os.environ["T_RAY"], log_to_driver=False)
+    config = resolve_config(api_key=os.environ["T_KEY"], base_url=os.environ["T_URL"],
+                            run_tag=os.environ["T_TAG"])
+    tasks = [t for t in load_tasks(bundled_tasks_path()) if t.modality == "tool_use"][:4]
+    runner = RayRunner(workers=2, per_worker=2, config=config, progress=False)
+    futures = [runner.submit(task, "reference") for task in tasks]
+    print("RUNNING", flush=True)
+    sys.stdin.readline()
+    raise RuntimeError("the training step failed")
+""")
+
+
+@pytest.mark.parametrize("how", ["sigterm", "exception"])
+def test_a_driver_that_dies_without_close_deletes_the_instances_of_every_worker(
+        local_fleet: LocalFleet, local_faults: Any, how: str) -> None:
+    # Before, Ray ended the workers with the driver and nothing swept their tags: their
+    # instances ran on until their TTL (a `with RayRunner(...)` block was clean).
+    local_faults.add("tool_hang")
+    tag = f"test-ray-unclosed-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, T_KEY=local_fleet.token, T_URL=local_fleet.base_url, T_TAG=tag,
+               T_RAY=ray.get_runtime_context().gcs_address)
+    child = subprocess.Popen([sys.executable, "-c", UNCLOSED_DRIVER_SCRIPT], env=env,
+                             text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    mine = [f"{tag}-w0", f"{tag}-w1"]
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        line = child.stdout.readline()
+        assert line.startswith("RUNNING"), (line, child.stderr.read() if child.stderr else "")
+        wait_for(lambda: _held_tool_calls(local_faults) >= 4, 60, "4 held tool calls")
+        assert len(_running_with_tags(local_fleet, mine)) == 4  # two on each worker
+        if how == "sigterm":
+            child.send_signal(signal.SIGTERM)
+        else:
+            child.stdin.write("\n")
+            child.stdin.flush()
+        _, err = child.communicate(timeout=90)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate(timeout=10)
+    if how == "sigterm":  # ray.init's own handler, which fleetenv's calls: sys.exit(15)
+        assert child.returncode == signal.SIGTERM, err[-2000:]
+    else:
+        assert child.returncode == 1 and "the training step failed" in err, err[-2000:]
+    assert len(_created_with_tags(local_fleet, mine)) == 4
+    assert poll_until(lambda: not _running_with_tags(local_fleet, mine), 30), err[-2000:]
 
 
 class _HoldsALock:

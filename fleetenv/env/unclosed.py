@@ -8,9 +8,13 @@ account's limits) until its TTL or the kernel's exit. So every env is watched by
 1. an :class:`UnclosedEnvWarning` (a ``ResourceWarning``, as Python warns for an
    unclosed file) names the task and the instance, once per env;
 2. the cleanup ``close()`` would have done (the MCP sessions, the browser lease, the
-   instance, a private session) is handed to one background thread. Never in the
-   finalizer itself: the collector may run in any thread, fleetenv's event-loop thread
-   included, where blocking on the loop would deadlock.
+   instance, a private session) runs in a thread of its own, which ends with it. Never
+   in the finalizer itself: the collector may run in any thread, fleetenv's event-loop
+   thread included, where blocking on the loop would deadlock, and one holding
+   ``threading``'s own locks, where starting a thread would. So the finalizer only hands
+   the job to the running event loop (``runtime.call_soon``), which starts the thread.
+   No loop running means the runtime was shut down (an env's MCP sessions start the loop
+   before it holds anything), and the shutdown hooks already deleted its instance.
 
 ``close()`` detaches the finalizer; at interpreter exit it does not run (the exit hooks
 of :mod:`fleetenv.fleet.registry` delete what is left); a forked child's copy does
@@ -24,7 +28,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import queue
 import sys
 import threading
 import warnings
@@ -33,6 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.env.driver import run_sync
+from fleetenv.runtime import loop as runtime
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.env.instance import InstanceLease
@@ -54,11 +58,6 @@ class UnclosedEnvWarning(ResourceWarning):
 if not sys.warnoptions:
     warnings.filterwarnings("default", category=UnclosedEnvWarning)
 
-_jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-_worker_lock = threading.Lock()
-_worker: threading.Thread | None = None
-
-
 def weak_callback(method: Callable[..., None]) -> Callable[..., None]:
     """``method`` (a bound method) called through a weak reference: the env's helpers
     may call back into it without keeping it alive; once it is gone, calls do nothing."""
@@ -78,7 +77,6 @@ def watch(env: object, *, task_key: str, lease: InstanceLease, toolbox: Toolbox,
 
     Nothing passed here may refer to ``env`` (strongly), or it would never be collected.
     """
-    _start_worker()  # here, in the caller's thread: the finalizer only enqueues
     finalizer = weakref.finalize(env, _collected, task_key, lease, toolbox, session,
                                  owns_session, os.getpid())
     finalizer.atexit = False
@@ -98,14 +96,14 @@ def _collected(task_key: str, lease: InstanceLease, toolbox: Toolbox, session: S
         f"FleetEnv for task {task_key!r} ({where}) was garbage-collected without close(); "
         "fleetenv is deleting it now. Call env.close(), or use `with FleetEnv(...) as "
         "env:`, to release it yourself"), stacklevel=2)
-    # SimpleQueue.put is reentrant: safe from a finalizer, whatever the thread was doing.
-    _jobs.put(functools.partial(_clean_up, task_key, lease, toolbox, session, owns_session))
+    job = functools.partial(_clean_up, task_key, lease, toolbox, session, owns_session)
+    runtime.call_soon(functools.partial(_start_cleanup, job))  # only enqueues, never blocks
 
 
 def _clean_up(task_key: str, lease: InstanceLease, toolbox: Toolbox, session: Session,
               owns_session: bool) -> None:
     """What ``close()`` does after grading (an abandoned env is not graded: nobody
-    would read its grade). Runs in the cleanup thread."""
+    would read its grade). Runs in its own cleanup thread."""
     try:
         run_sync(toolbox.close_plan())
     except Exception as exc:  # the instance must still go
@@ -118,24 +116,14 @@ def _clean_up(task_key: str, lease: InstanceLease, toolbox: Toolbox, session: Se
             lease.call_when_idle(session.close)
 
 
-def _start_worker() -> None:
-    global _worker
-    with _worker_lock:
-        if _worker is None or not _worker.is_alive():
-            _worker = threading.Thread(target=_work, name="fleetenv-unclosed-envs",
-                                       daemon=True)
-            _worker.start()
+def _start_cleanup(job: Callable[[], None]) -> None:
+    """On the loop thread: run ``job`` in a thread of its own, which ends with it."""
+    threading.Thread(target=_run, args=(job,), name="fleetenv-unclosed-env",
+                     daemon=True).start()
 
 
-def _work() -> None:
-    while True:
-        job = _jobs.get()
-        try:
-            job()
-        except Exception as exc:  # one env's failure must not stop the others' cleanup
-            logger.warning("could not clean up a garbage-collected FleetEnv: %s", exc)
-
-
-def pending() -> bool:
-    """Whether cleanups are queued (for tests and diagnostics)."""
-    return not _jobs.empty()
+def _run(job: Callable[[], None]) -> None:
+    try:
+        job()
+    except Exception as exc:  # logged: nobody else is there to hear about it
+        logger.warning("could not clean up a garbage-collected FleetEnv: %s", exc)

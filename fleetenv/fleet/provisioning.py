@@ -164,7 +164,7 @@ class Provisioner:
         started = time.monotonic()
         if terminating():
             raise FleetEnvError("not creating an instance: this process received SIGTERM "
-                                "and is deleting its instances", **context)
+                                "or SIGHUP and is deleting its instances", **context)
         track(self.registry)
         self.live.acquire(deadline, **context)
         try:

@@ -3,24 +3,26 @@
 Leaked instances cost money and hit instance limits, so every instance fleetenv creates
 is recorded in its session's registry from the moment ``make()`` returns until its delete
 succeeds. Normal ``close()``, ``with``-exit, Ctrl-C (the ``finally`` in the episode),
-``Session.close()``, interpreter exit (``atexit``, via the runtime's shutdown hooks) and
-SIGTERM all end in :meth:`InstanceRegistry.delete_all`. The exit hooks are process-wide
-(there is one interpreter exit), and reach every registry that still holds instances.
+``Session.close()``, interpreter exit (``atexit``, via the runtime's shutdown hooks),
+SIGTERM and SIGHUP all end in :meth:`InstanceRegistry.delete_all`. The exit hooks are
+process-wide (there is one interpreter exit), and reach every registry that still holds
+instances.
 
-SIGTERM: ``signal.signal`` only works on the main thread, while the first instance is
-often created in a worker thread (``Runner``, async callers). So the handler is installed
-by :func:`install_signal_handlers`, which ``Session()``, ``default_session()``,
-``Runner()`` and ``FleetEnv()`` call (they run where the user's code runs, usually the
-main thread); importing fleetenv changes no handler. On SIGTERM the handler, without
-waiting for anything the process is doing:
+SIGTERM and SIGHUP (a closed terminal, a dropped ssh session) are handled alike.
+``signal.signal`` only works on the main thread, while the first instance is often
+created in a worker thread (``Runner``, async callers). So the handler is installed by
+:func:`install_signal_handlers`, which ``Session()``, ``default_session()``, ``Runner()``
+and ``FleetEnv()`` call (they run where the user's code runs, usually the main thread,
+also in a process-pool worker); importing fleetenv changes no handler. On either signal
+the handler, without waiting for anything the process is doing:
 
 1. starts deleting every live instance of every session, in a background thread;
 2. cancels the work in flight on fleetenv's loop (tool calls that may hang for minutes),
    so threads blocked on it unwind instead of holding up interpreter exit;
 3. refuses new instances from then on;
 4. then chains: the handler that was installed before fleetenv's is called, or, if that
-   was the default action, ``SystemExit(143)`` unwinds the main thread, and ``atexit``
-   waits (bounded) for the deletes and sweeps what is left.
+   was the default action, ``SystemExit(128 + signal)`` (143, 129) unwinds the main
+   thread, and ``atexit`` waits (bounded) for the deletes and sweeps what is left.
 
 Deletes here are synchronous HTTP calls in the calling thread: at exit the event loop may
 already be gone, and a delete must not depend on it.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +64,12 @@ class InstanceRegistry:
         (an instance created server-side whose create answer never arrived)."""
         with self._lock:
             self._sweepers.append(sweep)
+
+    def remove_sweeper(self, sweep: Callable[[], object]) -> None:
+        """Forget a sweeper added with :meth:`add_sweeper` (no error if it is not there)."""
+        with self._lock:
+            if sweep in self._sweepers:
+                self._sweepers.remove(sweep)
 
     def add(self, instance: LiveInstance) -> None:
         with self._lock:
@@ -146,13 +155,17 @@ _hooks_installed = False
 #: Registries that may hold instances; each is removed when its session closes.
 _registries: set[InstanceRegistry] = set()
 
-#: How long interpreter exit waits for the deletes a SIGTERM started (each delete is
+#: How long interpreter exit waits for the deletes a signal started (each delete is
 #: bounded by its own timeout; this only bounds the wait for all of them).
-_SIGTERM_CLEANUP_WAIT_S = 60.0
+_SIGNAL_CLEANUP_WAIT_S = 60.0
 
-_sigterm_installed = False
-_previous_sigterm: Any = None
-#: Set (from the signal handler, in the main thread) once a SIGTERM started the cleanup.
+#: The signals that end the process after deleting its instances (no SIGHUP on Windows).
+_SIGNALS = ((signal.SIGTERM,) if sys.platform == "win32"
+            else (signal.SIGTERM, signal.SIGHUP))
+_signals_installed = False
+#: The handler each signal had before fleetenv's (called after the cleanup started).
+_previous: dict[int, Any] = {}
+#: Set (from the signal handler, in the main thread) once a signal started the cleanup.
 _terminating = False
 _cleanup_thread: threading.Thread | None = None
 _cleanup_pid = 0
@@ -161,7 +174,8 @@ _exiting = False
 
 
 def track(registry: InstanceRegistry) -> None:
-    """Make interpreter exit and SIGTERM reach ``registry`` (and install the hooks)."""
+    """Make interpreter exit, SIGTERM and SIGHUP reach ``registry`` (and install the
+    hooks)."""
     with _hooks_lock:
         _registries.add(registry)
     install_exit_hooks()
@@ -173,12 +187,13 @@ def untrack(registry: InstanceRegistry) -> None:
 
 
 def terminating() -> bool:
-    """True once this process received SIGTERM (fleetenv creates no instance after it)."""
+    """True once this process received SIGTERM or SIGHUP (fleetenv creates no instance
+    after it)."""
     return _terminating and _cleanup_pid == os.getpid()
 
 
 def exiting() -> bool:
-    """True once the exit hook or a SIGTERM started deleting: a delete then gets one quick
+    """True once the exit hook or a signal started deleting: a delete then gets one quick
     retry, not the full backoff (nobody waits for it, and a Fleet that is gone, such as an
     embedded one already stopped, would hold the exit for ~10 s)."""
     return _exiting or terminating()
@@ -187,14 +202,14 @@ def exiting() -> bool:
 def delete_everywhere() -> None:
     """Delete the live instances of every tracked registry (the exit hook).
 
-    If a SIGTERM already started this in the background, wait for it first (bounded),
+    If a signal already started this in the background, wait for it first (bounded),
     then delete whatever is left (an instance created meanwhile, a delete that failed)."""
     global _exiting
     _exiting = True
     thread = _cleanup_thread
     if (thread is not None and _cleanup_pid == os.getpid()
             and thread is not threading.current_thread()):
-        thread.join(_SIGTERM_CLEANUP_WAIT_S)
+        thread.join(_SIGNAL_CLEANUP_WAIT_S)
     _delete_all_registries()
 
 
@@ -208,7 +223,7 @@ def _delete_all_registries() -> None:
 def install_exit_hooks() -> None:
     """Make interpreter exit delete live instances (idempotent).
 
-    Called lazily when the first instance is created, from any thread. SIGTERM is
+    Called lazily when the first instance is created, from any thread. Signals are
     :func:`install_signal_handlers`' business (it needs the main thread).
     """
     global _hooks_installed
@@ -223,40 +238,39 @@ def install_exit_hooks() -> None:
 
 
 def install_signal_handlers() -> None:
-    """Make SIGTERM delete every live instance, then do what it did before (idempotent).
+    """Make SIGTERM and SIGHUP delete every live instance, then do what they did before
+    (idempotent).
 
     Only the main thread can install a signal handler, so this is a no-op elsewhere;
     fleetenv calls it from ``Session()``, ``default_session()``, ``Runner()`` and
-    ``FleetEnv()``. A SIGTERM that is ignored (``SIG_IGN``) or handled outside Python is
-    left alone. A Python handler installed before this one is called after fleetenv's
-    cleanup has started; the default action becomes ``SystemExit(143)`` (so ``finally``
-    blocks and ``atexit`` run, which the default action would skip).
+    ``FleetEnv()``. A signal that is ignored (``SIG_IGN``: SIGHUP under ``nohup``) or
+    handled outside Python is left alone. A Python handler installed before this one is
+    called after fleetenv's cleanup has started; the default action becomes
+    ``SystemExit(128 + signal)`` (so ``finally`` blocks and ``atexit`` run, which the
+    default action would skip).
     """
-    global _sigterm_installed, _previous_sigterm
-    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+    global _signals_installed
+    if _signals_installed or threading.current_thread() is not threading.main_thread():
         return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is _on_sigterm:
-        _sigterm_installed = True
-        return
-    if previous is signal.SIG_IGN or previous is None:
-        _sigterm_installed = True  # the user chose to ignore it, or C code handles it
-        return
-    try:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main interpreter (subinterpreters): nothing to do
-        return
-    _previous_sigterm = previous
-    _sigterm_installed = True
+    for signum in _SIGNALS:
+        previous = signal.getsignal(signum)
+        if previous is _on_signal or previous is signal.SIG_IGN or previous is None:
+            continue  # ours already; the user chose to ignore it; or C code handles it
+        try:
+            signal.signal(signum, _on_signal)
+        except ValueError:  # not the main interpreter (subinterpreters): nothing to do
+            return
+        _previous[signum] = previous
+    _signals_installed = True
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """The SIGTERM handler (runs in the main thread, between two bytecodes).
+def _on_signal(signum: int, frame: Any) -> None:
+    """The SIGTERM and SIGHUP handler (runs in the main thread, between two bytecodes).
 
     It takes no lock the interrupted code might hold: the deletes and the cancellation
     run in a new thread, and this only starts it."""
-    _start_sigterm_cleanup()
-    previous = _previous_sigterm
+    _start_signal_cleanup(signum)
+    previous = _previous.get(signum)
     if callable(previous):
         previous(signum, frame)
         return
@@ -265,20 +279,20 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _start_sigterm_cleanup() -> None:
+def _start_signal_cleanup(signum: int) -> None:
     global _terminating, _cleanup_thread, _cleanup_pid
     pid = os.getpid()
     if _terminating and _cleanup_pid == pid:
-        return  # a second SIGTERM: the cleanup is already running
+        return  # a second signal: the cleanup is already running
     _terminating, _cleanup_pid = True, pid
-    thread = threading.Thread(target=_sigterm_cleanup, name="fleetenv-sigterm-cleanup",
-                              daemon=True)
+    thread = threading.Thread(target=_signal_cleanup, args=(signal.Signals(signum).name,),
+                              name="fleetenv-signal-cleanup", daemon=True)
     _cleanup_thread = thread
     thread.start()
 
 
-def _sigterm_cleanup() -> None:
-    logger.warning("SIGTERM: deleting every live fleetenv instance")
+def _signal_cleanup(name: str) -> None:
+    logger.warning("%s: deleting every live fleetenv instance", name)
     try:
         from fleetenv.runtime.loop import cancel_running
 

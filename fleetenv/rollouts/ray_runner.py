@@ -50,7 +50,11 @@ dies (``ray.kill``, OOM, a lost node) turns its rollouts into results with ``err
 control plane, from the driver), and a replacement worker is started. ``cancel()`` (also
 on Ctrl-C in ``run()``, and on leaving a ``with`` block by an exception) stops every
 episode on every worker and sweeps every tag of the run; ``close()`` shuts the workers
-down and sweeps again, so nothing outlives the runner.
+down and sweeps again, so nothing outlives the runner. A driver that ends without
+``close()`` (no ``with``: an exception in the training loop, SIGTERM, SIGHUP) sweeps every
+tag of its live runners on the way out, with its other exit cleanup (see
+:mod:`fleetenv.fleet.registry`): Ray ends the workers with the driver, and nothing else
+would delete their instances.
 
 Local mode
 ----------
@@ -86,7 +90,7 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import Modality, StopReason
 from fleetenv.fleet.provisioning import new_run_tag
-from fleetenv.fleet.registry import install_signal_handlers
+from fleetenv.fleet.registry import install_signal_handlers, track
 from fleetenv.fleet.session import Session
 from fleetenv.rollouts.jobs import (
     JobOutcome,
@@ -207,6 +211,10 @@ class RayRunner:
             self._cap = cap_class.options(name=cap_name, namespace=_NAMESPACE,
                                           get_if_exists=True, num_cpus=0).remote(cap_limit)
         self._worker_class = ray.remote(RolloutWorker)
+        # Until close() swept them, every exit path of this process (interpreter exit,
+        # SIGTERM, SIGHUP) sweeps the workers' tags: Ray ends the workers with the driver.
+        self.session.instances.add_sweeper(self._sweep_leftovers)
+        track(self.session.instances)
         for _ in range(workers):
             self._spawn()
 
@@ -552,6 +560,10 @@ class RayRunner:
             except Exception as exc:
                 logger.debug("%s on a Ray worker failed: %s", what, exc)
 
+    def _sweep_leftovers(self) -> None:
+        """The process-wide cleanup's sweeper, for a driver that ends without close()."""
+        self._sweep(self.run_tags)
+
     def _sweep(self, tags: list[str]) -> list[str]:
         swept: list[str] = []
         for tag in tags:
@@ -603,6 +615,7 @@ class RayRunner:
         # Every episode is over: anything still tagged is a leftover (an uncertain
         # create, a worker killed while creating).
         self._sweep(self.run_tags)
+        self.session.instances.remove_sweeper(self._sweep_leftovers)
         try:
             if self._owns_cap:
                 self._ray.kill(self._cap)

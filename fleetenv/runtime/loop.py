@@ -59,6 +59,7 @@ __all__ = [
     "await_future",
     "call",
     "call_async",
+    "call_soon",
     "cancel_running",
     "check_generation",
     "generation",
@@ -397,6 +398,23 @@ async def _tracked(
             future.set_result(result)
     finally:
         state.jobs.discard(task)
+
+
+def call_soon(fn: Callable[[], object]) -> bool:
+    """Have the loop thread call ``fn()`` soon; False (and nothing done) if no loop runs.
+
+    Safe from any thread, the loop's own included, and from a finalizer: it only appends
+    to the running loop's queue (no lock, no thread started, no wait) and never starts a
+    loop. ``fn`` runs on the loop thread, so it must not block.
+    """
+    state = _state
+    if state is None:
+        return False
+    try:
+        state.aio.call_soon_threadsafe(fn)
+    except RuntimeError:  # the loop is closed: shutting down, and nothing will run it
+        return False
+    return True
 
 
 def submit(
