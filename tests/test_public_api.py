@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -43,31 +44,97 @@ def test_public_modules_export_what_they_define(module: object) -> None:
         assert hasattr(module, name), name
 
 
+ERROR_MODULES = ("fleetenv.errors", "fleetenv.core.errors")
+
+
+def _errors_raised_in(source: str, module: str) -> set[str]:
+    """Names of fleetenv's exception classes that ``source`` (the module ``module``)
+    constructs, or hands on to be raised (``give_up`` builders and the like return them),
+    or raises as a bare class: ``X(...)``, ``raise X``, ``errors.X(...)``,
+    ``fleetenv.errors.X(...)``. Names count only where they are bound to fleetenv's
+    errors (mcp's ``ToolError`` is not fleetenv's)."""
+    tree = ast.parse(source)
+    classes: dict[str, str] = {}  # local name -> class name
+    if module in ERROR_MODULES:
+        classes.update((name, name) for name in fleetenv.errors.__all__)
+    modules: set[str] = set()  # local dotted names of fleetenv's error modules
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""),
+                                               module.rpartition(".")[0])
+            for alias in node.names:
+                if base in ERROR_MODULES:
+                    classes[alias.asname or alias.name] = alias.name
+                elif f"{base}.{alias.name}" in ERROR_MODULES:
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules.update(alias.asname or alias.name for alias in node.names
+                           if alias.name in ERROR_MODULES)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        target = (node.func if isinstance(node, ast.Call)
+                  else node.exc if isinstance(node, ast.Raise) else None)
+        if isinstance(target, ast.Name) and target.id in classes:
+            found.add(classes[target.id])
+        elif isinstance(target, ast.Attribute) and ast.unparse(target.value) in modules:
+            found.add(target.attr)
+    return found
+
+
 def _raised_names() -> set[str]:
-    """Names of exception classes that fleetenv's source constructs in a ``raise``, or
-    hands on to be raised (``give_up`` builders and the like return them)."""
+    """The error classes fleetenv's own source raises, over every module of it."""
     names: set[str] = set()
     for path in PACKAGE.rglob("*.py"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                names.add(node.func.id)
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        names |= _errors_raised_in(path.read_text(encoding="utf-8"), module)
     return names
 
 
+def test_the_raise_scan_reads_every_form_of_raising() -> None:
+    source = (
+        "import fleetenv.errors\n"
+        "from fleetenv import errors\n"
+        "from fleetenv.core import errors as fleetenv_errors\n"
+        "from fleetenv.core.errors import ToolCallError as Failed, RolloutCancelled\n"
+        "from mcp.server.mcpserver.exceptions import ToolError\n"
+        "raise errors.ConnectError('x')\n"
+        "raise fleetenv_errors.InstanceGoneError('x')\n"
+        "error = fleetenv.errors.VerifierError('x')\n"
+        "raise Failed('x')\n"
+        "raise RolloutCancelled\n"
+        "raise ToolError('the MCP server\\'s, not fleetenv\\'s')\n"
+        "isinstance(error, errors.ResourceError)\n")
+    assert _errors_raised_in(source, "fleetenv.example") == {
+        "ConnectError", "InstanceGoneError", "VerifierError", "ToolCallError",
+        "RolloutCancelled"}
+    relative = "from .errors import DeadlineExceeded\nraise DeadlineExceeded('x')\n"
+    assert _errors_raised_in(relative, "fleetenv.core.example") == {"DeadlineExceeded"}
+
+
 def test_every_exported_error_is_raised_somewhere() -> None:
-    constructed = _raised_names()
-    for name in fleetenv.errors.__all__:
-        cls = getattr(fleetenv.errors, name)
-        subclasses_raised = any(sub.__name__ in constructed for sub in cls.__subclasses__())
-        assert name in constructed or subclasses_raised, (
-            f"{name} is exported from fleetenv.errors but nothing raises it")
+    raised = _raised_names()
+    never = [name for name in fleetenv.errors.__all__ if name not in raised]
+    assert not never, f"exported from fleetenv.errors but nothing raises them: {never}"
 
 
 def test_every_error_says_whether_to_retry() -> None:
     for name in fleetenv.errors.__all__:
-        error = getattr(fleetenv.errors, name)("x")
-        assert isinstance(error.retryable, bool), name
+        cls = getattr(fleetenv.errors, name)
+        assert isinstance(cls.__dict__.get("retryable"), bool), (
+            f"{name} does not state retryable = True or False in its own class body")
+        assert cls("x").retryable is cls.retryable
+        assert cls("x", retryable=not cls.retryable).retryable is not cls.retryable
+
+
+def test_the_errors_page_gives_each_class_its_retryable() -> None:
+    rows = re.findall(r"^\| (`\w+`(?:, `\w+`)*) \|.*\| (yes|no) \|[^|]*\|$",
+                      (DOCS / "errors.md").read_text(encoding="utf-8"), re.MULTILINE)
+    assert len(rows) >= 10, "the table of docs/errors.md was not found"
+    for names, says in rows:
+        for name in re.findall(r"`(\w+)`", names):
+            cls = getattr(fleetenv.errors, name)
+            assert cls.retryable is (says == "yes"), f"docs/errors.md: {name} {says}"
 
 
 def _documented_names() -> set[str]:

@@ -123,10 +123,13 @@ def _rebuild(
 class ConfigurationError(FleetEnvError):
     """Bad configuration or input data (task file, API key, base URL, arguments)."""
 
+    retryable = False
+
 
 class LoopThreadError(FleetEnvError, RuntimeError):
     """A blocking fleetenv call was made on fleetenv's own event-loop thread (it would deadlock)."""
 
+    retryable = False
     default_hint = (
         "call the blocking API from another thread, or use the async twin (`await ..._async()`)"
     )
@@ -134,6 +137,8 @@ class LoopThreadError(FleetEnvError, RuntimeError):
 
 class DeadlineExceeded(FleetEnvError, TimeoutError):
     """An operation ran past its timeout or the episode past its deadline."""
+
+    retryable = False  # a raiser sets True when a later try may fit (a longer budget)
 
     #: True when it did not run out but was given up on purpose (a cancelled run past
     #: its grace, interpreter exit): see ``fleetenv.fleet.deadlines.abandon_calls``.
@@ -149,6 +154,8 @@ class ConnectError(FleetEnvError, ConnectionError):
 class ProvisioningError(FleetEnvError):
     """Creating or preparing an instance failed."""
 
+    retryable = False
+
 
 class TransientProvisioningError(ProvisioningError):
     """Provisioning failed for a reason that may pass (rate limit, 5xx, timeout, connection)."""
@@ -160,24 +167,33 @@ class TransientProvisioningError(ProvisioningError):
 class PermanentProvisioningError(ProvisioningError):
     """Provisioning can never succeed as asked (bad key, unknown environment or version)."""
 
+    retryable = False
+
 
 class InstanceGoneError(FleetEnvError):
     """The instance was deleted, stopped, or expired (TTL) while it was still needed."""
 
+    retryable = False
     default_hint = "raise ttl_seconds, or start a new episode on a fresh instance"
 
 
 class ToolError(FleetEnvError):
     """Base of tool-level failures (as opposed to a tool that ran and reported an error)."""
 
+    retryable = False  # the raiser sets it from the server's answer
+
 
 class ToolNotFoundError(ToolError, LookupError):
     """The action named a tool that no endpoint of this episode offers."""
+
+    retryable = False
 
 
 class ToolArgumentsError(ToolError, ValueError):
     """The tool arguments are not a JSON object (or not valid JSON), or do not fit the
     tool's input schema (missing, mistyped or undeclared arguments)."""
+
+    retryable = False
 
 
 class ToolCallError(ToolError):
@@ -203,14 +219,19 @@ class ToolCallMayHaveRunError(ToolCallError):
 class ResourceError(FleetEnvError, LookupError):
     """An MCP server answered a resource request with an error (e.g. no such URI)."""
 
+    retryable = False
+
 
 class EvaluationError(FleetEnvError):
     """Talking to Fleet's task or job API failed (``retryable`` says if it may pass)."""
+
+    retryable = False  # the raiser sets it from Fleet's answer (5xx, 429, connection)
 
 
 class EvaluationFailed(FleetEnvError):
     """The harness job ended without results (``errored`` or ``cancelled``)."""
 
+    retryable = False
     default_hint = ("open the job in Fleet's UI (or list its sessions) for each session's "
                     "error; check the task's environment and verifier")
 
@@ -218,6 +239,7 @@ class EvaluationFailed(FleetEnvError):
 class TraceUploadError(FleetEnvError):
     """A trace job could not be created or a transcript could not be uploaded."""
 
+    retryable = False  # the raiser sets it from Fleet's answer (5xx, 429, connection)
     default_hint = ("check that the API key may write traces on this Fleet; the run "
                     "itself is unaffected (results files hold every transcript)")
 
@@ -230,10 +252,13 @@ class VerifierError(FleetEnvError):
     ``None`` reward with a reason).
     """
 
+    retryable = False
+
 
 class RolloutCancelled(FleetEnvError):
     """A runner was cancelled while this rollout was queued or in progress."""
 
+    retryable = False
     default_hint = "the run was stopped on purpose (cancel(), Ctrl-C); nothing to fix"
 
 
@@ -241,6 +266,7 @@ class RolloutWorkerError(FleetEnvError):
     """The executor could not run a rollout or hand back its result (a worker process
     died, the result could not be unpickled, the executor refused the job)."""
 
+    retryable = False
     default_hint = ("the other rollouts are unaffected; check the worker's stderr, or run "
                     "with the default thread executor to see the full traceback")
 
@@ -248,22 +274,31 @@ class RolloutWorkerError(FleetEnvError):
 class ResultsFileError(ConfigurationError):
     """A results file could not be written, or one of its lines is not a rollout result."""
 
+    retryable = False
+
 
 class MetricsError(ConfigurationError, ValueError):
     """A metric was asked for with arguments it is not defined for."""
+
+    retryable = False
 
 
 class ArgumentTypeError(ConfigurationError, TypeError):
     """A public entry point got an argument of the wrong type (the hint says what to pass)."""
 
+    retryable = False
+
 
 class EpisodeStateError(FleetEnvError, RuntimeError):
     """The episode object was used out of order (step before reset, after close, ...)."""
+
+    retryable = False
 
 
 class InvalidActionError(FleetEnvError, TypeError):
     """``step()`` got something that is not an action in any accepted form."""
 
+    retryable = False
     default_hint = (
         "pass a fleetenv.ToolCall, an OpenAI tool_call dict, {'tool': ..., 'params': ...}, "
         "fleetenv.FinalAnswer(...), or a whole model turn (its text, an assistant message, "
@@ -276,6 +311,7 @@ class ToolCallParseError(FleetEnvError, ValueError):
     an unclosed tag). ``context`` names the ``format`` and the ``offset`` in the text
     where the problem is; the message quotes a snippet."""
 
+    retryable = False
     default_hint = (
         "write each call in the format the tools prompt shows, e.g. "
         '<tool_call>{"name": "...", "arguments": {...}}</tool_call> (hermes)'
