@@ -299,6 +299,66 @@ def test_fleetenv_run_and_report_print_and_write_no_echoed_secret(
     assert not leaks, "\n".join(leaks)
 
 
+BODY_KEY = "sk-provider-9a7e6b5c4d-extra-body-key"
+
+
+@pytest.mark.timeout(120)
+def test_a_credential_in_extra_body_is_stored_as_a_digest_that_resume_compares(
+        keyed_fleet: LocalFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import responses
+
+    from fleetenv.cli.main import main
+    from fleetenv.rollouts.results import read_manifest
+
+    monkeypatch.setenv("FLEET_API_KEY", FLEET_KEY)
+    monkeypatch.setenv("FLEET_BASE_URL", keyed_fleet.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-run-0123456789")
+    keyed_fleet.faults.clear()
+    tasks = tmp_path / "tasks.jsonl"
+    task = next(t for t in fleetenv.load_tasks(bundled_tasks_path()) if t.key == LEAKY_TASK)
+    tasks.write_text(json.dumps(task.to_fleet_dict()) + "\n")
+    out = tmp_path / "r.jsonl"
+    sent: list[dict[str, Any]] = []
+
+    def done(request: Any) -> tuple[int, dict[str, str], str]:
+        sent.append(json.loads(request.body))
+        return 200, {}, _assistant({"role": "assistant", "content": "done"})
+
+    def run(body: dict[str, Any], *extra: str) -> int:
+        with responses.RequestsMock(passthru_prefixes=("http://127.0.0.1",),
+                                    assert_all_requests_are_fired=False) as mock:
+            mock.add_callback(responses.POST, f"{LLM}/chat/completions", callback=done)
+            return main(["run", str(tasks), "--policy", "openai", "--model", "m",
+                         "--base-url", LLM, "--extra-body", json.dumps(body), *extra])
+
+    body = {"top_p": 0.5, "api_key": BODY_KEY, "headers": {"Authorization": "Bearer "
+                                                            + BODY_KEY[::-1]}}
+    assert run(body, "--out", str(out)) == 0
+    assert sent and all(b["api_key"] == BODY_KEY for b in sent)  # the server still gets it
+    assert main(["report", str(out), "--html", str(tmp_path / "r.html")]) == 0
+    outputs = {**_files(tmp_path), "output": str(capsys.readouterr())}
+    leaks = _leaks(outputs, (BODY_KEY, BODY_KEY[::-1]))
+    assert not leaks, "\n".join(leaks)
+    manifest = read_manifest(out)
+    assert manifest is not None
+    extra = manifest["sampling"]["extra_body"]
+    assert extra["top_p"] == 0.5  # settings that are not credentials stay readable
+    assert extra["api_key"].startswith("[secret sha256:")
+    assert extra["headers"]["Authorization"].startswith("[secret sha256:")
+    assert manifest["policy_spec"]["options"]["extra_body"] == extra
+
+    # The same key again: the same run, nothing left to do. Another key: refused, and
+    # the refusal names what changed without showing either key.
+    assert run(body, "--resume", str(out)) == 0
+    assert "(+1 from before)" in capsys.readouterr().out
+    other = {**body, "api_key": BODY_KEY.replace("9a7e", "0000")}
+    assert run(other, "--resume", str(out)) == 1
+    err = capsys.readouterr().err
+    assert "not comparable" in err and "extra_body" in err and "sha256:" in err, err
+    assert BODY_KEY not in err and other["api_key"] not in err
+
+
 @pytest.mark.timeout(180)
 def test_a_worker_process_sends_back_results_without_the_secrets_it_held(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -328,6 +388,35 @@ def test_a_worker_process_sends_back_results_without_the_secrets_it_held(
                **_files(tmp_path)}
     leaks = _leaks(outputs, (token,))
     assert not leaks, "\n".join(leaks)
+
+
+@pytest.mark.parametrize(("body", "hidden"), [
+    ({"api_key": "k-0123456789"}, ["api_key"]),
+    ({"headers": {"Authorization": "Bearer abcdefgh12"}}, ["headers.Authorization"]),
+    ({"access_token": "t-0123456789", "client_secret": "s-0123456789"},
+     ["access_token", "client_secret"]),
+    ({"provider": "sk-ant-0123456789abcdef"}, ["provider"]),  # shaped like a key
+    # Settings, not credentials: they stay readable in the manifest.
+    ({"max_tokens": 64, "max_completion_tokens": 9, "stop_token_ids": [1, 2],
+      "skip_special_tokens": True, "api_key_env": "OPENAI_API_KEY", "top_p": 0.5,
+      "chat_template_kwargs": {"enable_thinking": False}, "note": "sketch"}, []),
+])
+def test_credential_looking_settings_are_hidden_and_others_kept(
+        body: dict[str, Any], hidden: list[str]) -> None:
+    from fleetenv.core.redaction import hide_credentials
+
+    shown = hide_credentials(body)
+
+    def at(data: Any, dotted: str) -> Any:
+        for part in dotted.split("."):
+            data = data[part]
+        return data
+
+    for name in hidden:
+        assert at(shown, name).startswith("[secret sha256:")
+        assert at(body, name) not in json.dumps(shown)
+    if not hidden:
+        assert shown == body
 
 
 def test_other_libraries_log_records_and_exception_text_are_scrubbed() -> None:

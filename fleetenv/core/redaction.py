@@ -5,8 +5,9 @@ Two ways, used together:
 * **by value**: the credentials this process holds are registered here when they are
   first held (:func:`register_secret`): a Fleet API key when a client is built for it, the
   runner token when an instance is provisioned (or a manager request first carries it), a
-  model endpoint's key when a policy is built. Each is replaced by ``***`` wherever it
-  appears, whatever surrounds it, as written or JSON- or HTML-escaped.
+  model endpoint's key (and credential-looking request-body values) when a policy is
+  built. Each is replaced by ``***`` wherever it appears, whatever surrounds it, as
+  written or JSON- or HTML-escaped.
 * **by shape**: ``Authorization: Bearer x``, ``?token=x``, ``"api_key": "x"`` and the like
   are blanked even when the value was never registered (:func:`redact`).
 
@@ -22,6 +23,7 @@ transcript stays what it was.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import html
 import json
 import logging
@@ -30,8 +32,10 @@ import threading
 import traceback
 from typing import Any
 
-__all__ = ["MARKER", "MIN_SECRET_LENGTH", "install_log_scrubbing", "redact", "redact_value",
-           "register_secret", "scrub_exception", "scrub_secrets", "scrub_value"]
+__all__ = ["MARKER", "MIN_SECRET_LENGTH", "credential_name", "credentials_in",
+           "hide_credentials", "install_log_scrubbing", "redact", "redact_value",
+           "register_secret", "scrub_exception", "scrub_secrets", "scrub_value",
+           "secret_digest"]
 
 #: What a secret is replaced by.
 MARKER = "***"
@@ -141,6 +145,64 @@ def scrub_exception(exc: BaseException) -> BaseException:
         with contextlib.suppress(AttributeError):  # a read-only property (from args)
             exc.message = scrub_secrets(message)  # type: ignore[attr-defined]
     return exc
+
+
+# ----- credential-looking settings -----------------------------------------------------
+
+#: Setting names that hold credentials. ``token`` only at a name's end or before ``-``:
+#: ``max_tokens``, ``tokenizer`` and ``stop_token_ids`` are settings, ``access_token`` and
+#: ``X-Token`` are credentials.
+_CREDENTIAL_NAME = re.compile(r"(?i)api[_-]?key|access[_-]?key|private[_-]?key|secret|"
+                              r"passw(?:or)?d|auth(?:orization)?(?![a-z])|bearer|credential|"
+                              r"token(?![a-z_])")
+#: String values shaped like keys, whatever their setting is called.
+_CREDENTIAL_VALUE = re.compile(r"(?i)\s*(?:bearer\s+|basic\s+)\S{8,}|"
+                               r"\s*(?:sk[-_]|gh[pousr]_|github_pat_|hf_|xox[abprs]-|AIza)"
+                               r"[A-Za-z0-9_-]{8,}")
+#: Names that point at a credential without holding it (``api_key_env="OPENAI_API_KEY"``).
+_CREDENTIAL_POINTER = re.compile(r"(?i)[_-](?:env|var|file|path)$")
+
+
+def credential_name(name: str) -> bool:
+    """Whether a setting called ``name`` holds a credential (``api_key``, ``x-token``...)."""
+    return bool(_CREDENTIAL_NAME.search(name)) and not _CREDENTIAL_POINTER.search(name)
+
+
+def secret_digest(value: str) -> str:
+    """What a stored setting shows instead of a credential: a tagged sha256 prefix, which
+    changes when the value does (``--resume`` notices) and does not give it away."""
+    return f"[secret sha256:{hashlib.sha256(value.encode('utf-8')).hexdigest()[:16]}]"
+
+
+def hide_credentials(value: Any, name: str = "") -> Any:
+    """A copy of a JSON-like setting with each credential string replaced by its
+    :func:`secret_digest`: strings under a credential-looking name (``api_key``,
+    ``Authorization``, ``access_token``), and strings shaped like keys (``sk-...``,
+    ``Bearer ...``) under any name."""
+    if isinstance(value, str):
+        if credential_name(name) or _CREDENTIAL_VALUE.match(value):
+            return secret_digest(value)
+        return value
+    if isinstance(value, list | tuple):
+        return [hide_credentials(v, name) for v in value]
+    if isinstance(value, dict):
+        return {k: hide_credentials(v, str(k)) for k, v in value.items()}
+    return value
+
+
+def credentials_in(value: Any, name: str = "") -> list[str]:
+    """The credential strings :func:`hide_credentials` would hide (for ``Bearer x``,
+    also ``x``)."""
+    if isinstance(value, str):
+        if not (credential_name(name) or _CREDENTIAL_VALUE.match(value)):
+            return []
+        scheme, _, rest = value.strip().partition(" ")
+        return [value, rest.strip()] if scheme.lower() in ("bearer", "basic") else [value]
+    if isinstance(value, list | tuple):
+        return [found for v in value for found in credentials_in(v, name)]
+    if isinstance(value, dict):
+        return [found for k, v in value.items() for found in credentials_in(v, str(k))]
+    return []
 
 
 # ----- log records ----------------------------------------------------------------------

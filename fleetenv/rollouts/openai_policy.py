@@ -38,7 +38,7 @@ from pydantic import SecretStr
 
 from fleetenv._version import __version__
 from fleetenv.core.errors import ConfigurationError, ConnectError, DeadlineExceeded, FleetEnvError
-from fleetenv.core.redaction import register_secret, scrub_secrets
+from fleetenv.core.redaction import credentials_in, register_secret, scrub_secrets
 from fleetenv.core.retry import Backoff
 from fleetenv.rollouts.policy import PolicyContext, Reply, reply_from_assistant_message
 
@@ -226,6 +226,8 @@ class OpenAIChatPolicy:
         # each worker process this policy is unpickled in).
         if self._api_key is not None:
             register_secret(self._api_key.get_secret_value())
+        for value in credentials_in(self.extra_body):
+            register_secret(value)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._sessions = weakref.WeakSet()
