@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        from fleetenv.core.errors import redact
+        from fleetenv.core.redaction import redact
 
         print(f"fleetenv {args.command}: error: {redact(str(exc)) or type(exc).__name__}",
               file=sys.stderr)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.errors import ConfigurationError, ResultsFileError
+from fleetenv.core.redaction import hide_credentials
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.rollouts.policy import PolicySpec
@@ -55,8 +56,10 @@ def run_manifest(*, command: str, tasks_file: str | None, task_keys: Sequence[st
         "tasks_sha256": sha256_of(tasks_file) if tasks_file else None,
         "task_keys": sorted(task_keys) if task_keys else None,
         "policy": spec.describe(),
-        "policy_spec": {"kind": spec.kind, "options": dict(spec.options)},
-        "sampling": dict(sampling),
+        # A credential in the options (--extra-body '{"api_key": ...}') as a digest: not
+        # stored, and a changed value still differs.
+        "policy_spec": {"kind": spec.kind, "options": hide_credentials(dict(spec.options))},
+        "sampling": hide_credentials(dict(sampling)),
         "seed": seed,
         "samples_per_task": samples,
         "max_steps": max_steps,

@@ -6,15 +6,18 @@ class that matches the decision they have to make: retry later (`TransientError`
 give up on the task (`PermanentError`), or treat the grade as unknown (`VerifierError`).
 
 Context values are plain strings chosen by the raiser; secrets (API keys, tokens) must
-never be passed in. `redact()` is applied to the rendered message as a last line of
-defence, so a URL with a ``?token=`` or an ``Authorization`` value that slipped into an
-upstream message does not leak.
+never be passed in. As a last line of defence, the registered secrets are scrubbed from
+the message, hint and context when the error is built (so ``args`` and a pickled copy
+are clean too), and `redact()` is applied to the rendered message, so a URL with a
+``?token=`` or an ``Authorization`` value that slipped into an upstream message does not
+leak (``fleetenv.core.redaction``).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
+
+from fleetenv.core.redaction import redact, scrub_secrets
 
 __all__ = [
     "ArgumentTypeError",
@@ -43,31 +46,7 @@ __all__ = [
     "TraceUploadError",
     "TransientProvisioningError",
     "VerifierError",
-    "redact",
 ]
-
-_SECRET_PATTERNS = (
-    re.compile(r"(?i)(bearer\s+)([A-Za-z0-9._~+/=-]+)"),
-    re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?basic\s+)([A-Za-z0-9+/=]+)"),
-    re.compile(r"(?i)((?:api[_-]?key|token|authorization|secret)[\"']?\s*[:=]\s*[\"']?)"
-               r"([^\s\"'&,})\]]+)"),
-)
-#: Values that stand for a credential without being one, kept as written so hints stay
-#: readable: ``pass api_key=...``, ``api_key=None``, ``token=<your key>``, an already
-#: blanked ``***``, and the scheme word of ``Authorization: Bearer ***``.
-_PLACEHOLDER = re.compile(r"(?i)\.\.\.|none|null|\*+|<[^>]*>?|bearer|basic")
-
-
-def _blank(match: re.Match[str]) -> str:
-    value = match.group(2)
-    return match.group(0) if _PLACEHOLDER.fullmatch(value) else match.group(1) + "***"
-
-
-def redact(text: str) -> str:
-    """Blank out anything that looks like a credential in ``text``."""
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(_blank, text)
-    return text
 
 
 class FleetEnvError(Exception):
@@ -86,14 +65,17 @@ class FleetEnvError(Exception):
 
     def __init__(self, message: str, *, hint: str | None = None,
                  retryable: bool | None = None, **context: Any) -> None:
-        self.message = message
-        self.hint = hint if hint is not None else self.default_hint
+        # Server and tool texts end up in messages: scrubbed here, they never reach args.
+        self.message = scrub_secrets(str(message))
+        hint = hint if hint is not None else self.default_hint
+        self.hint = scrub_secrets(hint) if hint else hint
         if retryable is not None:
             self.retryable = retryable
         self.context: dict[str, str] = {
-            key: str(value) for key, value in context.items() if value is not None
+            key: scrub_secrets(str(value)) for key, value in context.items()
+            if value is not None
         }
-        super().__init__(message)
+        super().__init__(self.message)
 
     def __str__(self) -> str:
         text = self.message

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from fleetenv.core.errors import redact
+from fleetenv.core.redaction import redact
 from fleetenv.core.vocabulary import GradeStatus, StrEnum
 
 __all__ = [

@@ -27,6 +27,7 @@ from fleetenv.core.events import (
     ProvisioningRetry,
     ResetFailed,
 )
+from fleetenv.core.redaction import register_secret
 from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import Modality
@@ -259,8 +260,10 @@ class InstanceLease:
         key>`` to every MCP endpoint too). Secrets: they go to the MCP connections, whose
         reprs, logs and errors never show headers."""
         headers: dict[str, str] = self.session.client.sdk.client.get_headers()
-        return {name: value for name, value in headers.items()
-                if name in _CREDENTIAL_HEADERS}
+        sent = {name: value for name, value in headers.items() if name in _CREDENTIAL_HEADERS}
+        for value in sent.values():  # e.g. a login's JWT: scrubbed like the API key
+            register_secret(value)
+        return sent
 
     def mcp_setup_retry(self, deadline: Deadline) -> RetryPolicy:
         """How opening the MCP sessions retries, bounded by what is left of ``deadline``

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetenv.core.redaction import scrub_secrets
 from fleetenv.core.retry import Deadline
 from fleetenv.core.vocabulary import GradeStatus, StopReason
 from fleetenv.env.context_tools import ContextTools
@@ -88,7 +89,8 @@ class EpisodeState:
             self.stop_reason = reason
 
     def record_tool_error(self, tool: str, message: str) -> None:
-        self.tool_error_messages.append(f"{tool}(): {message[:_ERROR_CHARS]}")
+        # Scrubbed before the cut: half a key at the cut would no longer be found later.
+        self.tool_error_messages.append(f"{tool}(): {scrub_secrets(message)[:_ERROR_CHARS]}")
 
     # ------------------------------------------------------------------ context tools
 

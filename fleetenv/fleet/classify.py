@@ -16,6 +16,7 @@ from fleetenv.core.errors import (
     ProvisioningError,
     TransientProvisioningError,
 )
+from fleetenv.core.redaction import redact, scrub_exception
 
 #: HTTP statuses after which the same request may succeed later.
 TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -31,7 +32,7 @@ def provisioning_error(exc: Exception, **context: Any) -> ProvisioningError:
     from fleet import exceptions as fx  # imported lazily: fleet-python costs ~0.4 s
 
     name = type(exc).__name__
-    detail = _message(exc)
+    detail = error_detail(exc)
     if isinstance(exc, fx.FleetAuthenticationError):
         return PermanentProvisioningError(
             f"Fleet rejected the API key (401): {detail}",
@@ -138,6 +139,10 @@ def _is_transport_error(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError | requests.ConnectionError | requests.Timeout)
 
 
-def _message(exc: BaseException) -> str:
+def error_detail(exc: BaseException, limit: int = 300) -> str:
+    """The message of an SDK or transport error, for ours: redacted, then cut (in that
+    order, so a cut cannot leave half a key). ``exc`` is scrubbed in place too, as it
+    becomes the ``__cause__`` of the error we raise."""
+    scrub_exception(exc)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-    return str(message)[:300]
+    return redact(str(message))[:limit]

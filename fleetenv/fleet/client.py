@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from fleetenv.core.redaction import register_secret
+
 if TYPE_CHECKING:  # pragma: no cover
     import ssl
 
@@ -88,6 +90,7 @@ class FleetClient:
 
         from fleetenv.fleet.deadlines import DeadlineTransport
 
+        register_secret(api_key)  # scrubbed from whatever a server or a tool echoes
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._http: httpx.Client = httpx.Client(

@@ -406,9 +406,9 @@ def _api_error(exc: Exception, what: str, context: dict[str, Any]) -> FleetEnvEr
     from fleet import exceptions as fx
     from pydantic import ValidationError
 
-    from fleetenv.fleet.classify import TRANSIENT_STATUSES
+    from fleetenv.fleet.classify import TRANSIENT_STATUSES, error_detail
 
-    detail = str(getattr(exc, "message", None) or exc or type(exc).__name__)[:500]
+    detail = error_detail(exc, 500)
     if isinstance(exc, fx.FleetAuthenticationError):
         return EvaluationError(f"{what}: Fleet rejected the API key: {detail}",
                                hint="check FLEET_API_KEY and FLEET_BASE_URL", **context)

@@ -15,7 +15,8 @@ header, which looks exactly like a deleted instance. Every request here carries 
 token that fleet-python's own ``fleet.runner_auth.RunnerTokenProvider`` resolves
 (``RUNNER_AUTH_TOKEN``, else ``GET /v1/runner-auth/token`` once per client; soft on
 ungated deployments). The token is a header value only: it is never logged, never part
-of an error, a repr or anything the agent sees.
+of an error, a repr or anything the agent sees, and it is registered for scrubbing, so a
+tool that echoes it does not carry it into logs, events or results either.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 import requests
 
 from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, InstanceGoneError
+from fleetenv.core.redaction import register_secret, scrub_secrets
 
 __all__ = [
     "ManagerClient",
@@ -217,7 +219,10 @@ class ManagerClient:
         from fleet.runner_auth import RUNNER_TOKEN_HEADER
 
         token = self._runner_tokens.token()
-        return {RUNNER_TOKEN_HEADER: token} if token else {}
+        if not token:
+            return {}
+        register_secret(token)  # the first request that carries it: scrubbed from now on
+        return {RUNNER_TOKEN_HEADER: token}
 
     def _refreshed_token(self) -> bool:
         refresh = getattr(self._runner_tokens, "refresh", None)
@@ -273,10 +278,12 @@ class ManagerClient:
         if status in (404, 410):
             raise InstanceGoneError(
                 f"manager {what}: instance not found ({status})", **context)
+        # Server text is scrubbed before it is cut (half a key would not be found later).
         if status >= 400:
-            raise FleetEnvError(f"manager {what} answered {status}: {text[:200]}", **context)
+            raise FleetEnvError(f"manager {what} answered {status}: "
+                                f"{scrub_secrets(text)[:200]}", **context)
         try:
             return _json.loads(content)
         except ValueError as exc:
-            raise FleetEnvError(f"manager {what} answered non-JSON: {text[:200]}",
-                                **context) from exc
+            raise FleetEnvError(f"manager {what} answered non-JSON: "
+                                f"{scrub_secrets(text)[:200]}", **context) from exc

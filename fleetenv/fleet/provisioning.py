@@ -22,6 +22,7 @@ from fleetenv.core.errors import (
     ProvisioningError,
     TransientProvisioningError,
 )
+from fleetenv.core.redaction import register_secret
 from fleetenv.core.retry import Backoff, Deadline, RetryPolicy
 from fleetenv.core.vocabulary import Modality
 from fleetenv.fleet.classify import is_rate_limit, provisioning_error
@@ -174,6 +175,10 @@ class Provisioner:
             self.live.release()
             raise
         instance.holds_live_slot = True  # released when the instance is deleted
+        # The instance's services hold the runner token and may echo it (a tool error, a
+        # verifier's output): resolved now (once per client, as the first manager call
+        # would; soft on ungated Fleets), it is scrubbed from everything we write.
+        register_secret(self.client.runner_tokens.token())
         instance.provision_seconds = time.monotonic() - started
         return instance
 

@@ -27,7 +27,7 @@ text part naming its size and sha256. Nothing is written anywhere else (the prev
 client copied screenshots to a public bucket with ambient cloud credentials).
 
 Secrets never leave: the API key and the runner token are replaced wherever they appear
-in the transcript, and every other text goes through :func:`~fleetenv.core.errors.redact`.
+in the transcript, and every text goes through :func:`~fleetenv.core.redaction.redact`.
 """
 
 from __future__ import annotations
@@ -42,13 +42,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from fleetenv.core.errors import (
-    ConfigurationError,
-    DeadlineExceeded,
-    TraceUploadError,
-    redact,
-)
+from fleetenv.core.errors import ConfigurationError, DeadlineExceeded, TraceUploadError
+from fleetenv.core.redaction import redact_value, register_secret
 from fleetenv.core.retry import Deadline, RetryPolicy
+from fleetenv.fleet.classify import error_detail
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.session import Session
@@ -188,10 +185,11 @@ def trace_body(chat_history: list[Any], *, job_id: str | None, task_key: str | N
     from fleet.models import SessionIngestRequest
     from pydantic import ValidationError
 
+    for secret in secrets:  # the caller's credentials: scrubbed here and from now on
+        register_secret(secret)
     images = _ImageBudget(max_image_bytes, max_trace_bytes)
-    scrub = _Scrubber(secrets)
-    messages = [_message(m, scrub, images) for m in chat_history if isinstance(m, dict)]
-    meta: dict[str, Any] = {**scrub.value(dict(metadata or {})), "score": reward,
+    messages = [_message(m, images) for m in chat_history if isinstance(m, dict)]
+    meta: dict[str, Any] = {**redact_value(dict(metadata or {})), "score": reward,
                             "reward": reward}
     if images.omitted:
         meta["images_omitted"] = images.omitted
@@ -227,28 +225,6 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat()
 
 
-class _Scrubber:
-    """Replaces the known secrets, then anything credential-shaped (``redact``)."""
-
-    def __init__(self, secrets: tuple[str, ...]) -> None:
-        self._secrets = tuple(s for s in secrets if s and len(s) >= 6)
-
-    def text(self, value: str) -> str:
-        for secret in self._secrets:
-            if secret in value:
-                value = value.replace(secret, "***")
-        return redact(value)
-
-    def value(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, list):
-            return [self.value(v) for v in value]
-        if isinstance(value, dict):
-            return {k: self.value(v) for k, v in value.items()}
-        return value
-
-
 class _ImageBudget:
     def __init__(self, per_image: int, per_trace: int) -> None:
         self.per_image = per_image
@@ -268,29 +244,27 @@ class _ImageBudget:
                                         f"the {cap} cap; sha256 {digest}]"}
 
 
-def _message(message: dict[str, Any], scrub: _Scrubber,
-             images: _ImageBudget) -> dict[str, Any]:
+def _message(message: dict[str, Any], images: _ImageBudget) -> dict[str, Any]:
     out: dict[str, Any] = {"role": str(message.get("role") or "user")}
     content = message.get("content")
     if isinstance(content, list):
-        out["content"] = [_part(p, scrub, images) for p in content]
+        out["content"] = [_part(p, images) for p in content]
     elif content is not None:
-        out["content"] = scrub.value(content)
+        out["content"] = redact_value(content)
     for name in ("tool_calls", "tool_call_id", "thinking"):
         if message.get(name) is not None:
-            out[name] = scrub.value(message[name])
+            out[name] = redact_value(message[name])
     return out
 
 
-def _part(part: Any, scrub: _Scrubber, images: _ImageBudget) -> Any:
+def _part(part: Any, images: _ImageBudget) -> Any:
     if isinstance(part, dict) and part.get("type") == "image_url":
         image = part.get("image_url")  # OpenAI takes {"url": ...} or the URL itself
         url = image.get("url") if isinstance(image, dict) else image
         if isinstance(url, str) and url.startswith("data:"):
             replacement = images.admit(url)
             return part if replacement is None else replacement
-        return scrub.value(part)
-    return scrub.value(part)
+    return redact_value(part)
 
 
 # ----- the HTTP client ---------------------------------------------------------------------
@@ -347,7 +321,8 @@ class TraceClient:
 
         def give_up(exc: Exception, attempts: int) -> Exception:
             return TraceUploadError(f"{what} failed {attempts} time(s) within its "
-                                    f"{deadline.seconds or 0:g} s budget: {_brief(exc)}", **context)
+                                    f"{deadline.seconds or 0:g} s budget: "
+                                    f"{error_detail(exc)}", **context)
 
         return self._retry.call(attempt, deadline=deadline, give_up=give_up)
 
@@ -360,21 +335,16 @@ def _upload_error(exc: Exception, what: str, context: dict[str, Any]) -> TraceUp
         return TraceUploadError(f"{what}: Fleet rejected the API key (401)",
                                 hint="check FLEET_API_KEY", **context)
     if isinstance(exc, fx.FleetRateLimitError | fx.FleetTimeoutError):
-        return TraceUploadError(f"{what}: {_brief(exc)}", retryable=True, **context)
+        return TraceUploadError(f"{what}: {error_detail(exc)}", retryable=True, **context)
     if isinstance(exc, fx.FleetAPIError):
         status = exc.status_code
         transient = status is None or status in _TRANSIENT
         answered = "no answer" if status is None else f"Fleet answered {status}"
-        return TraceUploadError(f"{what}: {answered}: {_brief(exc)}", retryable=transient,
+        return TraceUploadError(f"{what}: {answered}: {error_detail(exc)}", retryable=transient,
                                 **context)
     if isinstance(exc, ValueError):  # an answer that is not the JSON the SDK models expect
-        return TraceUploadError(f"{what}: unexpected answer: {_brief(exc)}", **context)
-    return TraceUploadError(f"{what}: {_brief(exc)}", **context)
-
-
-def _brief(exc: BaseException) -> str:
-    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-    return redact(str(message))[:300]
+        return TraceUploadError(f"{what}: unexpected answer: {error_detail(exc)}", **context)
+    return TraceUploadError(f"{what}: {error_detail(exc)}", **context)
 
 
 # ----- the background uploader -------------------------------------------------------------

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, VerifierError, redact
+from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, VerifierError
+from fleetenv.core.redaction import redact
 from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.core.vocabulary import GradeReason, GradeStatus
 from fleetenv.fleet.classify import provisioning_error

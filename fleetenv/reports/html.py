@@ -17,6 +17,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from fleetenv.core.redaction import scrub_secrets
 from fleetenv.reports.assets import CSS, SCRIPT, content_security_policy
 from fleetenv.reports.data import OUTCOMES, RunData, outcome_of
 from fleetenv.reports.plots import Bar, bar_chart, histogram
@@ -43,8 +44,9 @@ def _secs(value: float | None) -> str:
 
 
 def page(title: str, body: str) -> str:
-    """The page shell every report uses (inline CSS, the one script, the CSP)."""
-    return (
+    """The page shell every report uses (inline CSS, the one script, the CSP), without
+    any secret this process registered (a report written by the run that echoed it)."""
+    return scrub_secrets(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="Content-Security-Policy" content="{content_security_policy()}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

@@ -14,6 +14,7 @@ import binascii
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from fleetenv.core.redaction import scrub_secrets
 from fleetenv.reports.transcript import render_transcript, safe_image_url
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,7 +116,7 @@ def result_html(result: RolloutResult) -> str:
                      f"</summary>{render_transcript(result.transcript, result.tool_error_messages)}"
                      "</details>")
     parts.append("</div>")
-    return "".join(parts)
+    return scrub_secrets("".join(parts))  # like repr(result): no registered secret
 
 
 def summary_html(summary: Summary) -> str:

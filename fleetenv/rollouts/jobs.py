@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetenv.core.config import FleetConfig
-from fleetenv.core.errors import ConfigurationError, RolloutCancelled, redact
+from fleetenv.core.errors import ConfigurationError, RolloutCancelled
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event
+from fleetenv.core.redaction import redact
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import StopReason
 from fleetenv.fleet.session import Session
@@ -84,6 +85,11 @@ class JobOutcome:
 
     result: RolloutResult
     events: tuple[Event, ...] = ()
+
+    def __post_init__(self) -> None:
+        # It leaves the worker: its parent may not know the worker's credentials (the
+        # runner token it fetched, the key of a policy it built), so scrub them here.
+        object.__setattr__(self, "result", self.result.scrubbed())
 
 
 def describe_policy(policy: Any) -> str:

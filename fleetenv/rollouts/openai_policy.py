@@ -38,6 +38,7 @@ from pydantic import SecretStr
 
 from fleetenv._version import __version__
 from fleetenv.core.errors import ConfigurationError, ConnectError, DeadlineExceeded, FleetEnvError
+from fleetenv.core.redaction import credentials_in, register_secret, scrub_secrets
 from fleetenv.core.retry import Backoff
 from fleetenv.rollouts.policy import PolicyContext, Reply, reply_from_assistant_message
 
@@ -221,6 +222,12 @@ class OpenAIChatPolicy:
     # ------------------------------------------------------------------ internals
 
     def _setup_runtime_state(self, stats: dict[str, int] | None = None) -> None:
+        # Servers and tools echo keys: scrubbed from all output of this process (and of
+        # each worker process this policy is unpickled in).
+        if self._api_key is not None:
+            register_secret(self._api_key.get_secret_value())
+        for value in credentials_in(self.extra_body):
+            register_secret(value)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._sessions = weakref.WeakSet()
@@ -335,7 +342,7 @@ class OpenAIChatPolicy:
         except requests.RequestException as exc:
             self._count_failure()
             raise self._error(FleetEnvError, "the model request could not be sent",
-                              "check base_url", detail=_short(self._scrub(str(exc)))) from None
+                              "check base_url", detail=_short(scrub_secrets(str(exc)))) from None
         with response:
             status = response.status_code
             if 200 <= status < 300:
@@ -346,8 +353,8 @@ class OpenAIChatPolicy:
                     raise self._error(
                         FleetEnvError, "the model server's answer is not JSON",
                         "check base_url points at an OpenAI-compatible /v1 API",
-                        status=status, detail=_short(self._scrub(response.text))) from None
-            detail = _short(self._scrub(_server_message(response)))
+                        status=status, detail=_short(scrub_secrets(response.text))) from None
+            detail = _short(scrub_secrets(_server_message(response)))
             if status in _RETRY_STATUSES or status >= 500:
                 what = "rate limited" if status == 429 else "failing"
                 hint = ("lower the number of episodes in flight, or raise max_retries"
@@ -382,14 +389,6 @@ class OpenAIChatPolicy:
     def _count_failure(self) -> None:
         with self._lock:
             self._stats["failures"] += 1
-
-    def _scrub(self, text: str) -> str:
-        """Servers sometimes echo the key they were given; it must go no further."""
-        if self._api_key is not None:
-            key = self._api_key.get_secret_value()
-            if key:
-                text = text.replace(key, "***")
-        return text
 
 
 def normalize_assistant_message(message: Mapping[str, Any]) -> dict[str, Any]:

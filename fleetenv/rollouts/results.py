@@ -45,6 +45,7 @@ from typing import IO, Any
 
 from fleetenv._version import __version__
 from fleetenv.core.errors import ResultsFileError
+from fleetenv.core.redaction import scrub_secrets, scrub_value
 from fleetenv.rollouts.rollout import RolloutResult
 
 __all__ = ["MANIFEST_RECORD", "SCHEMA_VERSION", "ResultsFileError", "ResultsWriter",
@@ -116,8 +117,8 @@ class ResultsWriter:
         self.count = 0
         header: dict[str, Any] | None = None
         if not append or manifest is not None:
-            header = {**base_manifest(), **dict(manifest or {}),
-                      "record": MANIFEST_RECORD, "schema_version": SCHEMA_VERSION}
+            header = scrub_value({**base_manifest(), **dict(manifest or {}),
+                                  "record": MANIFEST_RECORD, "schema_version": SCHEMA_VERSION})
             if append:
                 header["resumed"] = True
         try:
@@ -200,7 +201,7 @@ def _to_line(result: RolloutResult) -> str:
         # Lone surrogates (e.g. from a surrogateescape decode) are not UTF-8; as JSON
         # escapes they are valid text and read back as the same Python string.
         line = json.dumps(data, ensure_ascii=True, default=_json_fallback)
-    return line
+    return scrub_secrets(line)  # what a tool or a policy echoed: no registered secret
 
 
 def _add_resume(results: Path, record: dict[str, Any]) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.config import FleetConfig
-from fleetenv.core.errors import RolloutCancelled, redact
+from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
+from fleetenv.core.redaction import redact, scrub_secrets, scrub_value
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import GradeReason, GradeStatus, StopReason
 from fleetenv.env.actions import Action
@@ -101,6 +102,17 @@ class RolloutResult:
             if data[name] is not None:
                 data[name] = str(data[name])
         return data
+
+    def __repr__(self) -> str:
+        # Transcripts and tool errors may hold what a tool echoed: no registered secret.
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        return scrub_secrets(f"{type(self).__name__}({shown})")
+
+    def scrubbed(self) -> RolloutResult:
+        """A copy without any registered secret, for a result leaving its process (a
+        worker's result on its way to the parent, which may not know that worker's
+        credentials)."""
+        return RolloutResult.from_dict(scrub_value(self.to_dict()))
 
     def _repr_html_(self) -> str:
         """Jupyter's rich display: outcome, reward, timings, a collapsible transcript."""
