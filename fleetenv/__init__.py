@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from fleetenv._compat import MOVED_NAMES, install_module_aliases, moved_name
 from fleetenv._version import __version__
 from fleetenv.core.errors import FleetEnvError
 
@@ -95,8 +94,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.rollouts.rollout import RolloutResult, run_episode
     from fleetenv.rollouts.runner import Runner
 
-install_module_aliases()
-
 
 def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
@@ -104,8 +101,6 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module_name), name)
         globals()[name] = value
         return value
-    if name in MOVED_NAMES:
-        return moved_name(name)
     raise AttributeError(f"module 'fleetenv' has no attribute {name!r}")
 
 

@@ -1,6 +1,5 @@
 """What MCP failures mean, against real servers: which session setups are retried, which
-fail at once, that a tool call that may have run is never replayed, and the deprecated
-keyword names of the MCP layer.
+fail at once, and that a tool call that may have run is never replayed.
 
 Faults come from the embedded Fleet (``fleetenv.local``): ``http_error`` answers a chosen
 status, ``drop_connection`` closes the socket, ``session_loss`` forgets a session,
@@ -21,7 +20,6 @@ import pytest
 from _support.fixtures_mcp import RunningMCPServer
 
 from fleetenv import runtime
-from fleetenv.core import deprecation
 from fleetenv.core.errors import ConnectError, ToolCallMayHaveRunError, ToolError
 from fleetenv.core.retry import RetryPolicy
 from fleetenv.local import LocalFleet
@@ -169,73 +167,6 @@ def test_a_call_that_may_have_run_is_not_retried(
         assert notes_fleet.tool_call_counts(instance.instance_id).get("add_note", 0) == before
         assert "not-replayed" not in notes_fleet.tool_calls_by_call_id()
         assert not connection.call_tool("list_notes").is_error, "the session still works"
-
-
-# ---------------------------------------------------------------------- deprecated names
-
-
-@pytest.fixture
-def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Deprecations warn once per process; forget the ones other tests triggered."""
-    monkeypatch.setattr(deprecation, "_warned", set())
-
-
-@pytest.mark.usefixtures("fresh_warnings")
-def test_deprecated_connection_keywords_still_work_and_warn(
-    mcp_server: RunningMCPServer,
-) -> None:
-    with pytest.warns(DeprecationWarning) as caught:
-        connection = MCPConnection(mcp_server.url, connect_timeout=4.0, call_timeout=9.0,
-                                   close_timeout=3.0)
-    assert [str(w.message).split(" is ")[0] for w in caught] == [
-        "MCPConnection(connect_timeout=...)",
-        "MCPConnection(call_timeout=...)",
-        "MCPConnection(close_timeout=...)",
-    ]
-    assert all(w.filename == __file__ for w in caught), "the warning points at the caller"
-    assert "use connect_timeout_s=" in str(caught[0].message)
-    assert (connection.connect_timeout_s, connection.call_timeout_s,
-            connection.close_timeout_s) == (4.0, 9.0, 3.0)
-    with connection:
-        with pytest.warns(DeprecationWarning, match=r"call_tool\(timeout=.*use timeout_s="):
-            assert connection.call_tool("echo", {"text": "a"}, timeout=5).texts == ["a"]
-        with pytest.warns(DeprecationWarning, match=r"call_tool_future\(timeout="):
-            future = connection.call_tool_future("echo", {"text": "b"}, timeout=5)
-        assert future.result(timeout=10).texts == ["b"]
-        with pytest.warns(DeprecationWarning, match=r"acall_tool\(timeout="):
-            awaited = runtime.call(lambda: connection.acall_tool("echo", {"text": "c"},
-                                                                 timeout=5))
-        assert awaited.texts == ["c"]
-    with pytest.raises(TypeError, match="unexpected keyword argument 'connect_timeout_ms'"):
-        MCPConnection(mcp_server.url, connect_timeout_ms=4)
-
-
-@pytest.mark.usefixtures("fresh_warnings")
-def test_deprecated_router_keywords_still_work_and_warn(mcp_server: RunningMCPServer) -> None:
-    with pytest.warns(DeprecationWarning, match="ToolRouter") as caught:
-        router = ToolRouter([Endpoint(mcp_server.url)], connect_timeout=4.0, call_timeout=9.0)
-    assert len(caught) == 2
-    assert (router.connect_timeout_s, router.call_timeout_s) == (4.0, 9.0)
-    with router:
-        with pytest.warns(DeprecationWarning, match=r"ToolRouter.call\(timeout="):
-            assert router.call("echo", {"text": "a"}, timeout=5).texts == ["a"]
-        with pytest.warns(DeprecationWarning, match=r"ToolRouter.acall\(timeout="):
-            result = runtime.call(lambda: router.acall("echo", {"text": "b"}, timeout=5))
-        assert result.texts == ["b"]
-        with pytest.warns(DeprecationWarning, match=r"ToolRouter.call_future\(timeout="):
-            future = router.call_future("echo", {"text": "c"}, timeout=5)
-        assert future.result(timeout=10).texts == ["c"]
-
-
-@pytest.mark.usefixtures("fresh_warnings")
-def test_each_deprecated_name_warns_once(mcp_server: RunningMCPServer) -> None:
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(3):
-            MCPConnection(mcp_server.url, call_timeout=5.0).close()
-    assert len(caught) == 1
 
 
 @pytest.fixture

@@ -47,7 +47,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.config import FleetConfig, finite_reward
-from fleetenv.core.deprecation import renamed_kwargs, warn_once
 from fleetenv.core.errors import (
     ConfigurationError,
     DeadlineExceeded,
@@ -176,11 +175,7 @@ class FleetEnv:
         tool_call_format: str = "auto",
         no_tool_call: str = "final_answer",
         failed_parse_reward: float | None = None,
-        **deprecated: Any,
     ) -> None:
-        renamed = renamed_kwargs(deprecated, {"episode_timeout_s": "episode_deadline_s"},
-                                 where="FleetEnv")
-        episode_deadline_s = renamed.get("episode_deadline_s", episode_deadline_s)
         self.task = _as_task(task)
         install_signal_handlers()  # here: reset() may run in a worker thread
         self.session, self._owns_session = _pick_session(session, config, api_key, base_url)
@@ -307,29 +302,6 @@ class FleetEnv:
     @property
     def timings(self) -> dict[str, float]:
         return dict(self._state.timings)
-
-    # 0.1 names of the grade's fields; they live on ``env.grade`` now.
-    @property
-    def verifier_stdout(self) -> str | None:
-        """Deprecated: use ``env.grade.stdout``."""
-        return self._grade_field("verifier_stdout", "stdout")
-
-    @property
-    def verifier_error(self) -> str | None:
-        """Deprecated: use ``env.grade.error``."""
-        return self._grade_field("verifier_error", "error")
-
-    @property
-    def verifier_execution_id(self) -> str | None:
-        """Deprecated: use ``env.grade.execution_id``."""
-        return self._grade_field("verifier_execution_id", "execution_id")
-
-    def _grade_field(self, old: str, new: str) -> str | None:
-        warn_once("FleetEnv", old, f"FleetEnv.{old} is deprecated; use env.grade.{new} "
-                  "(moved in fleetenv 1.0)")
-        grade = self._state.grade
-        value: str | None = getattr(grade, new) if grade else None
-        return value
 
     # ------------------------------------------------------------------ blocking API
 

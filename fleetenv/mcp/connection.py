@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from fleetenv import runtime
-from fleetenv.core.deprecation import renamed_kwargs
 from fleetenv.core.errors import FleetEnvError, ToolCallError
 from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.mcp import compat, failures, http, notifications, resources
@@ -84,14 +83,6 @@ CALL_ID_META_KEY = "fleetenv/call_id"
 _SETUP_RETRY_BASE_S = 0.1
 _SETUP_RETRY_CAP_S = 2.0
 _SETUP_ATTEMPTS = 3
-
-# Old keyword names (fleetenv 0.x), still accepted with a DeprecationWarning.
-_RENAMED_INIT = {
-    "connect_timeout": "connect_timeout_s",
-    "call_timeout": "call_timeout_s",
-    "close_timeout": "close_timeout_s",
-}
-_RENAMED_CALL = {"timeout": "timeout_s"}
 
 _MAX_LIST_PAGES = 1000
 # Extra time the blocking API grants the loop beyond the in-loop timeouts (a backstop only).
@@ -153,13 +144,7 @@ class MCPConnection:
         close_timeout_s: float = 5.0,
         retry: RetryPolicy | None = None,
         on_notification: NotificationCallback | None = None,
-        **deprecated: Any,
     ) -> None:
-        if deprecated:
-            renamed = renamed_kwargs(deprecated, _RENAMED_INIT, where="MCPConnection")
-            connect_timeout_s = renamed.get("connect_timeout_s", connect_timeout_s)
-            call_timeout_s = renamed.get("call_timeout_s", call_timeout_s)
-            close_timeout_s = renamed.get("close_timeout_s", close_timeout_s)
         self.url = url
         self._headers = dict(headers) if headers else None
         self.connect_timeout_s = connect_timeout_s
@@ -227,12 +212,8 @@ class MCPConnection:
         *,
         timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
-        **deprecated: Any,
     ) -> ToolResult:
         """Call a tool and wait for its result (see the module docstring for failures)."""
-        if deprecated:
-            renamed = renamed_kwargs(deprecated, _RENAMED_CALL, where="MCPConnection.call_tool")
-            timeout_s = renamed.get("timeout_s", timeout_s)
         # a lost session is replaced first (setup) and a 404'd call is sent twice
         return runtime.call(
             functools.partial(self.acall_tool, name, arguments, timeout_s=timeout_s, meta=meta),
@@ -247,13 +228,8 @@ class MCPConnection:
         *,
         timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
-        **deprecated: Any,
     ) -> concurrent.futures.Future[ToolResult]:
         """Start a call and return its future at once; ``future.cancel()`` cancels the call."""
-        if deprecated:
-            renamed = renamed_kwargs(deprecated, _RENAMED_CALL,
-                                     where="MCPConnection.call_tool_future")
-            timeout_s = renamed.get("timeout_s", timeout_s)
         return runtime.submit(
             functools.partial(self.acall_tool, name, arguments, timeout_s=timeout_s, meta=meta),
             name=f"call {name} at {self.url}",
@@ -348,12 +324,8 @@ class MCPConnection:
         *,
         timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
-        **deprecated: Any,
     ) -> ToolResult:
         """Coroutine twin of `call_tool`. Never retried, except as described below."""
-        if deprecated:
-            renamed = renamed_kwargs(deprecated, _RENAMED_CALL, where="MCPConnection.acall_tool")
-            timeout_s = renamed.get("timeout_s", timeout_s)
         call_meta = {CALL_ID_META_KEY: uuid.uuid4().hex, **(meta or {})}
         args = require_object(name, arguments)  # never a list of pairs made into a dict
         live = await self._ensure_live()  # a new session here is safe: nothing was sent yet

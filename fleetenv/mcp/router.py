@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetenv import runtime
-from fleetenv.core.deprecation import renamed_kwargs
 from fleetenv.core.errors import ConfigurationError, ConnectError, FleetEnvError, ToolNotFoundError
 from fleetenv.core.retry import RetryPolicy
 from fleetenv.mcp.arguments import require_object
@@ -40,9 +39,6 @@ __all__ = ["MODALITIES", "Endpoint", "ToolRouter", "endpoints_for"]
 MODALITIES = ("tool_use", "computer_use", "browser_use")
 
 _BACKSTOP_S = 10.0
-# Old keyword names (fleetenv 0.x), still accepted with a DeprecationWarning.
-_RENAMED_INIT = {"connect_timeout": "connect_timeout_s", "call_timeout": "call_timeout_s"}
-_RENAMED_CALL = {"timeout": "timeout_s"}
 
 
 @dataclass(frozen=True)
@@ -121,12 +117,7 @@ class ToolRouter:
         call_timeout_s: float = 60.0,
         retry: RetryPolicy | None = None,
         on_notification: NotificationCallback | None = None,
-        **deprecated: Any,
     ) -> None:
-        if deprecated:
-            renamed = renamed_kwargs(deprecated, _RENAMED_INIT, where="ToolRouter")
-            connect_timeout_s = renamed.get("connect_timeout_s", connect_timeout_s)
-            call_timeout_s = renamed.get("call_timeout_s", call_timeout_s)
         if not endpoints:
             raise ConfigurationError("a ToolRouter needs at least one endpoint")
         self.endpoints = tuple(endpoints)
@@ -210,12 +201,8 @@ class ToolRouter:
         *,
         timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
-        **deprecated: Any,
     ) -> ToolResult:
         """Call tool ``name`` on the endpoint that owns it."""
-        if deprecated:
-            renamed = renamed_kwargs(deprecated, _RENAMED_CALL, where="ToolRouter.call")
-            timeout_s = renamed.get("timeout_s", timeout_s)
         arguments = require_object(name, arguments)  # ToolArgumentsError, in the caller
         per_call = self.call_timeout_s if timeout_s is None else timeout_s
         setup_s = self._setup_budget_s()
@@ -233,12 +220,8 @@ class ToolRouter:
         *,
         timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
-        **deprecated: Any,
     ) -> concurrent.futures.Future[ToolResult]:
         """Start a call and return its future at once."""
-        if deprecated:
-            renamed = renamed_kwargs(deprecated, _RENAMED_CALL, where="ToolRouter.call_future")
-            timeout_s = renamed.get("timeout_s", timeout_s)
         arguments = require_object(name, arguments)  # ToolArgumentsError, in the caller
         return runtime.submit(
             functools.partial(self.acall, name, arguments, timeout_s=timeout_s, meta=meta),
@@ -339,12 +322,8 @@ class ToolRouter:
         *,
         timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
-        **deprecated: Any,
     ) -> ToolResult:
         """Coroutine twin of `call`."""
-        if deprecated:
-            renamed = renamed_kwargs(deprecated, _RENAMED_CALL, where="ToolRouter.acall")
-            timeout_s = renamed.get("timeout_s", timeout_s)
         arguments = require_object(name, arguments)  # before anything is opened or sent
         await self.aopen()
         return await self._owner(name).acall_tool(name, arguments, timeout_s=timeout_s,

@@ -98,7 +98,6 @@ from types import TracebackType
 from typing import Any
 
 from fleetenv.core.config import FleetConfig
-from fleetenv.core.deprecation import renamed_kwargs
 from fleetenv.core.errors import (
     ConfigurationError,
     EpisodeStateError,
@@ -566,13 +565,11 @@ class Runner:
         except Exception as exc:  # TTLs reap what a failed sweep left
             logger.warning("could not sweep leftovers tagged %s: %s", self.run_tag, exc)
 
-    def close(self, timeout_s: float | None = None, **deprecated: Any) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         """Wait for running rollouts (at most ``timeout_s`` seconds, default: the longest
         an episode can take under this config), then shut down an executor the runner
         created, and close a session it created. Rollouts still running after that are
         cancelled. Idempotent."""
-        timeout_s = renamed_kwargs(deprecated, {"timeout": "timeout_s"},
-                                   where="Runner.close").get("timeout_s", timeout_s)
         with self._lock:
             if self._closed:
                 return
