@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -279,3 +280,29 @@ def test_a_version_1_file_without_a_manifest_still_reads(tmp_path: Path) -> None
     assert read_manifest(path) is None
     assert [r.sample for r in read_results(path)] == [0, 1]
     assert read_run(path) == (None, [_full_result(0), _full_result(1)])
+
+
+@pytest.mark.parametrize("cut", ["inside a character", "inside the JSON"])
+def test_appending_to_a_file_whose_last_line_was_cut_starts_a_line_of_its_own(
+        tmp_path: Path, cut: str) -> None:
+    path = tmp_path / "r.jsonl"
+    with ResultsWriter(path) as writer:
+        writer.write(_full_result(0))
+        writer.write(dataclasses.replace(_full_result(1), final_answer="é" * 40))
+    data = path.read_bytes()
+    torn = data[:-10] if cut == "inside the JSON" else data[:data.rindex("é".encode()) + 1]
+    path.write_bytes(torn)
+    with ResultsWriter(path, append=True) as writer:
+        writer.write(_full_result(2))
+    assert [r.sample for r in read_results(path)] == [0, 2]
+
+
+def test_appending_after_a_whole_last_line_without_its_newline_keeps_it(
+        tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    with ResultsWriter(path) as writer:
+        writer.write(_full_result(0))
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))  # edited by hand, say
+    with ResultsWriter(path, append=True) as writer:
+        writer.write(_full_result(1))
+    assert [r.sample for r in read_results(path)] == [0, 1]

@@ -56,6 +56,8 @@ __all__ = ["MANIFEST_RECORD", "SCHEMA_VERSION", "ResultsFileError", "ResultsWrit
 SCHEMA_VERSION = 3
 #: The ``record`` value that marks a manifest (in version 2 files, a header line).
 MANIFEST_RECORD = "manifest"
+#: How much of a results file's end is read to find its last line before appending.
+_TAIL_BYTES = 1 << 20
 #: Packages whose versions can change what a result holds, recorded in the manifest.
 RECORDED_PACKAGES = ("mcp", "fleet-python", "requests", "httpx", "pydantic", "anyio")
 #: The largest manifest file read (a manifest is a few kB; each resume adds as much).
@@ -123,6 +125,8 @@ class ResultsWriter:
                 header["resumed"] = True
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if append:
+                _end_last_line(self.path)
             self._file: IO[str] | None = open(  # noqa: SIM115 (closed by close())
                 self.path, "a" if append else "w", encoding="utf-8")
         except OSError as exc:
@@ -202,6 +206,32 @@ def _to_line(result: RolloutResult) -> str:
         # escapes they are valid text and read back as the same Python string.
         line = json.dumps(data, ensure_ascii=True, default=_json_fallback)
     return scrub_secrets(line)  # what a tool or a policy echoed: no registered secret
+
+
+def _end_last_line(results: Path) -> None:
+    """Before appending: a last line without its newline is ended if it is a whole
+    record, and cut off if it is a torn one (a kill mid-write), so the next line starts
+    on a line of its own."""
+    if not results.is_file() or results.stat().st_size == 0:
+        return
+    with open(results, "rb+") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        start = max(0, size - _TAIL_BYTES)
+        handle.seek(start)
+        tail = handle.read()
+        if tail.endswith(b"\n"):
+            return
+        if b"\n" not in tail and start > 0:  # a last line longer than the tail
+            start = 0
+            handle.seek(0)
+            tail = handle.read()
+        line_start = start + tail.rfind(b"\n") + 1
+        try:
+            json.loads(tail[line_start - start:].decode("utf-8"))
+        except ValueError:  # torn: that rollout never finished writing
+            handle.truncate(line_start)
+        else:
+            handle.write(b"\n")
 
 
 def _add_resume(results: Path, record: dict[str, Any]) -> None:
