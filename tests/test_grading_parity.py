@@ -105,6 +105,21 @@ def test_transient_verifier_failures_are_retried_and_the_grade_delivered(
     assert finished.reward == 1.0 and finished.execution_id
 
 
+def test_the_grade_records_its_wait_for_a_verifier_runner_apart(
+        local_fleet: LocalFleet) -> None:
+    """The local Fleet says how long a run waited for a free worker; the grade, the
+    episode's timings and the verification event carry it apart from the total."""
+    recorder = Recorder()
+    with make_env(local_fleet, task_with(PASSES, "queue-wait"), recorder=recorder) as env:
+        finish(env)
+        grade, timings = env.grade, env.timings
+    assert grade is not None and grade.graded and grade.queue_s is not None
+    assert 0.0 <= grade.queue_s <= grade.seconds
+    assert timings["verify_queue_s"] == grade.queue_s
+    (finished,) = recorder.kinds("verification_finished")
+    assert finished.queue_s == grade.queue_s and finished.duration_s == grade.seconds
+
+
 def test_a_verifier_that_stays_unavailable_is_unknown_with_its_reason(
         local_fleet: LocalFleet, local_faults: Any) -> None:
     fault = local_faults.add("verifier_unavailable", status=503)
@@ -113,6 +128,8 @@ def test_a_verifier_that_stays_unavailable_is_unknown_with_its_reason(
         reward, info = finish(env)
         grade = env.grade
         assert hits(local_fleet, fault) == grade.attempts == 3  # the policy's attempts
+        assert "verify_queue_s" not in env.timings
+    assert grade.queue_s is None  # no answer said anything of a queue (as Fleet's do not)
     assert reward is None and info["reward_reason"] == "verifier_unreachable"
     assert "503" in info["verifier_error"]
     (finished,) = recorder.kinds("verification_finished")

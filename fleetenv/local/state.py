@@ -57,7 +57,8 @@ class LocalFleetState:
             instance_limit=config.instance_limit,
         )
         self.pool = WorkerPool(config.verifier_workers, workdir / "verifier-workers.log",
-                               runner_token=config.runner_token)
+                               runner_token=config.runner_token,
+                               max_size=config.verifier_workers_max)
         self.task_group: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained = False

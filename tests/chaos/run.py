@@ -204,8 +204,9 @@ def run_chaos(episodes: int, workers: int, fault_rate: float, seed: int,
         config = fleetenv.resolve_config(
             api_key=fleet.token, base_url=fleet.base_url, tool_timeout_s=TOOL_TIMEOUT_S,
             episode_deadline_s=EPISODE_DEADLINE_S, provision_budget_s=PROVISION_BUDGET_S,
-            # The client's verifier budget covers the server's own limit plus queueing for
-            # the 2 verifier workers; a verifier that hangs is cut by the server at 3 s.
+            # The client's verifier budget covers the server's own limit plus queueing
+            # while the server starts workers beyond its first 2 for the load; a verifier
+            # that hangs is cut by the server at 3 s.
             retry_base_s=0.2, retry_cap_s=2.0, verifier_timeout_s=VERIFIER_TIMEOUT_S + 30.0)
         results: dict[int, RolloutResult] = {}
         with Runner(workers=workers, config=config, events=bus, progress=False) as runner:
@@ -230,6 +231,7 @@ def run_chaos(episodes: int, workers: int, fault_rate: float, seed: int,
         if why:
             wrong[plan.index] = f"{plan.task.key} (fault {plan.fault}): {why}"
     durations = [r.timings.get("total_s", 0.0) for r in results.values()]
+    queued = [r.timings.get("verify_queue_s", 0.0) for r in results.values()]
     late = [i for i, r in results.items() if r.timings.get("total_s", 0.0) > DEADLINE_S]
     unaccounted = abs(report.started - report.completed) + len(report.violations)
 
@@ -243,7 +245,7 @@ def run_chaos(episodes: int, workers: int, fault_rate: float, seed: int,
         log(f"{fault:<18}{count:>9}  {detail}")
     log(f"completed by reason: {dict(sorted(report.by_reason.items()))}")
     log(f"wall time {elapsed:.1f} s; slowest episode {max(durations):.2f} s "
-        f"(deadline {DEADLINE_S:.0f} s)")
+        f"(deadline {DEADLINE_S:.0f} s); longest wait for a verifier {max(queued):.2f} s")
     for line in list(wrong.values())[:10]:
         log(f"WRONG: {line}")
     if leaked:
