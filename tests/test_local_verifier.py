@@ -240,3 +240,31 @@ def test_the_wait_for_a_worker_is_answered_apart_from_the_run() -> None:
         assert 1000 <= queued_ms <= took_ms
         assert 0 <= body["execution_time_ms"] <= took_ms - queued_ms
     hung.join(30)
+
+
+def test_verifications_waiting_for_a_worker_do_not_starve_the_server() -> None:
+    """The server's blocking work (tool calls, manager-API queries, setting up an
+    instance) runs on one shared set of threads. Verifications queued for a worker must
+    not hold those threads, or everything else (a running verifier's own queries too)
+    waits for the queue."""
+    from _support.fixtures_local import TEST_APPS
+
+    with LocalFleet(apps=TEST_APPS, verifier_timeout=15.0, verifier_workers=1,
+                    verifier_workers_max=1) as local:
+        client = local.client()
+        stuck, free = client.make("notes"), client.make("notes")
+        hung = start_hung_verification(local, stuck.instance_id)
+        # 40 more, queued behind it; the fault marks each one as it reaches the pool.
+        marker = local.faults.add("verifier_delay", instance=free.instance_id, seconds=0,
+                                  times=40)
+        queued = [threading.Thread(target=post_execute,
+                                   args=(local, free.instance_id, COUNTS_NOTES), daemon=True)
+                  for _ in range(40)]
+        for thread in queued:
+            thread.start()
+        wait_for(lambda: marker not in [f["id"] for f in local.faults.list()], 15,
+                 "40 verifications to queue")
+        client.make("notes").close()  # set up (and torn down) in the server's threads
+        assert hung.is_alive()  # answered while the queue still waits behind the hang
+    for thread in (hung, *queued):
+        thread.join(30)

@@ -119,7 +119,10 @@ async def execute(state: LocalFleetState, body: dict[str, Any]) -> tuple[dict[st
         if fault else None,
     }
     started = time.monotonic()
-    outcome = await anyio.to_thread.run_sync(state.pool.run, job, limit)
+    # Blocks for the queue and the run: on the pool's threads, so that queued runs never
+    # hold the shared ones that tool calls and the running verifiers' queries need.
+    outcome = await anyio.to_thread.run_sync(state.pool.run, job, limit, started,
+                                             limiter=state.pool_threads)
     queue_ms = int(outcome.get("queue_ms") or 0)
     stdout = outcome.get("stdout") or ""
     if judge is not None:  # the run succeeded, but its LLM judge (say) was browned out

@@ -189,18 +189,20 @@ class WorkerPool:
         if replace:
             self._spawn()
 
-    def run(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def run(self, job: dict[str, Any], timeout: float,
+            queued: float | None = None) -> dict[str, Any]:
         """Run one job; always returns a result dict, never hangs past the deadlines.
 
-        The reply's ``queue_ms`` is how long the job waited for a worker.
+        The reply's ``queue_ms`` is how long the job waited for a worker, since
+        ``queued`` (a ``time.monotonic()``; default: now).
         """
-        queued = time.monotonic()
+        queued = time.monotonic() if queued is None else queued
         with self._lock:
             self._jobs += 1
             if self._jobs > len(self._workers) and len(self._workers) < self.max_size:
                 self._spawn_locked()  # one worker per job in flight, up to max_size
         try:
-            worker = self._take_worker(queued)
+            worker = self._take_worker()
             waited_ms = int((time.monotonic() - queued) * 1000)
             if worker is None:
                 reply = _failure(
@@ -214,9 +216,9 @@ class WorkerPool:
             with self._lock:
                 self._jobs -= 1
 
-    def _take_worker(self, queued: float) -> _Worker | None:
+    def _take_worker(self) -> _Worker | None:
         """The next idle live worker, or None if none became ready in time."""
-        wait_until = queued + STARTUP_TIMEOUT_SECONDS
+        wait_until = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while True:
             remaining = wait_until - time.monotonic()
             if self._closed or remaining <= 0:
