@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -31,6 +32,7 @@ from fleetenv.env.grading import grade_once
 from fleetenv.env.state import EpisodeState
 from fleetenv.fleet.verifier import Grade
 from fleetenv.fleet.verifier_output import (
+    MAX_ACCUMULATOR_CHARS,
     AppGrade,
     accepts_conversation,
     judge_failed,
@@ -103,6 +105,21 @@ def test_transient_verifier_failures_are_retried_and_the_grade_delivered(
     assert finished.reward == 1.0 and finished.execution_id
 
 
+def test_the_grade_records_its_wait_for_a_verifier_runner_apart(
+        local_fleet: LocalFleet) -> None:
+    """The local Fleet says how long a run waited for a free worker; the grade, the
+    episode's timings and the verification event carry it apart from the total."""
+    recorder = Recorder()
+    with make_env(local_fleet, task_with(PASSES, "queue-wait"), recorder=recorder) as env:
+        finish(env)
+        grade, timings = env.grade, env.timings
+    assert grade is not None and grade.graded and grade.queue_s is not None
+    assert 0.0 <= grade.queue_s <= grade.seconds
+    assert timings["verify_queue_s"] == grade.queue_s
+    (finished,) = recorder.kinds("verification_finished")
+    assert finished.queue_s == grade.queue_s and finished.duration_s == grade.seconds
+
+
 def test_a_verifier_that_stays_unavailable_is_unknown_with_its_reason(
         local_fleet: LocalFleet, local_faults: Any) -> None:
     fault = local_faults.add("verifier_unavailable", status=503)
@@ -111,6 +128,8 @@ def test_a_verifier_that_stays_unavailable_is_unknown_with_its_reason(
         reward, info = finish(env)
         grade = env.grade
         assert hits(local_fleet, fault) == grade.attempts == 3  # the policy's attempts
+        assert "verify_queue_s" not in env.timings
+    assert grade.queue_s is None  # no answer said anything of a queue (as Fleet's do not)
     assert reward is None and info["reward_reason"] == "verifier_unreachable"
     assert "503" in info["verifier_error"]
     (finished,) = recorder.kinds("verification_finished")
@@ -307,6 +326,23 @@ def test_accumulators_without_a_usable_count_give_none(stdout: str) -> None:
     assert parse_accumulators(stdout) is None
 
 
+def test_accumulator_blocks_are_found_in_linear_time() -> None:
+    """Hostile stdout: a flood of unclosed block markers. A backtracking search takes
+    time quadratic in them (minutes here); finding each marker once takes milliseconds."""
+    flood = ">>> ERROR_ACCUMULATOR >>>\n" * 40_000
+    started = time.monotonic()
+    assert parse_accumulators(flood) is None
+    assert parse_accumulators(flood + acc(["a"], ["b"])) is None  # the first block is unclosed
+    assert time.monotonic() - started < 10  # generous: proves it does not hang
+
+
+def test_an_oversized_accumulator_block_is_unreadable() -> None:
+    """A block past ``MAX_ACCUMULATOR_CHARS`` is not parsed: no partial score."""
+    items = ["x" * 100] * (MAX_ACCUMULATOR_CHARS // 100)
+    assert parse_accumulators(acc(items, ["ok"])) is None
+    assert parse_accumulators(acc(items[:100], ["ok"])) == pytest.approx(1 / 101)
+
+
 def app_block(name: str, result: int, text: str) -> str:
     return f"<<< VERIFY_{name} <<<\n{text}\n>>> VERIFY_{name} >>>\nApp {name}: {result}\n"
 
@@ -486,6 +522,52 @@ def test_an_episode_past_its_deadline_is_still_graded(local_fleet: LocalFleet,
             {"tool": "get_ticket", "params": {"ticket_id": 1124}})
     assert truncated and not terminated and info["stop_reason"] == "time_limit"
     assert reward == 1.0 and info["reward_status"] == "graded"
+
+
+def busy_verifier(n: int) -> str:
+    """A distinct verifier (its own source) that takes the conversation and prints big
+    accumulator blocks: parsing both builds many AST nodes in the grading thread."""
+    checks = "\n".join(f"    check_{i} = {{'id': {i}, 'seen': [{n}, {i}]}}" for i in range(50))
+    return (f"def verify(env, final_answer=None, conversation=None):\n    # verifier {n}\n"
+            f"{checks}\n"
+            "    print('>>> ERROR_ACCUMULATOR >>>')\n"
+            "    print([f'failed check {i}' for i in range(4000)])\n"
+            "    print('<<< ERROR_ACCUMULATOR <<<')\n"
+            "    print('>>> SUCCESS_ACCUMULATOR >>>')\n"
+            "    print([f'passed check {i}' for i in range(4000)])\n"
+            "    print('<<< SUCCESS_ACCUMULATOR <<<')\n"
+            "    return 1.0\n")
+
+
+def test_many_threads_grading_distinct_verifiers_at_once_lose_no_grade(
+        local_fleet: LocalFleet) -> None:
+    """CPython before 3.11.8 (gh-106905) fails two threads that build ASTs at once with
+    ``SystemError: AST constructor recursion depth mismatch``; grading parses each
+    verifier's signature and stdout, and such a failure lost the grade (``interrupted``).
+    16 threads grade at once, three rounds: every grade arrives, with its partial score."""
+    grades: list[Grade | None] = []
+    errors: list[BaseException] = []
+
+    def grade(n: int) -> None:
+        try:
+            with make_env(local_fleet, task_with(busy_verifier(n), f"busy-{n}")) as env:
+                finish(env)
+                grades.append(env.grade)
+        except BaseException as exc:  # the test reports every failure
+            errors.append(exc)
+
+    for round_ in range(3):
+        threads = [threading.Thread(target=grade, args=(100 * round_ + i,))
+                   for i in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert not errors, errors[:3]
+    lost = [g for g in grades if g is None or not g.graded]
+    assert not lost, [(g.reason, g.error) if g else None for g in lost[:3]]
+    assert len(grades) == 48
+    assert all(g is not None and g.partial == 0.5 for g in grades)
 
 
 CTRL_C_SCRIPT = textwrap.dedent("""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import threading
 import time
 import zipfile
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import cloudpickle
 import httpx
 import pytest
+from _support.waiting import wait_for
 
 from fleetenv.local import LocalFleet
 
@@ -187,3 +189,82 @@ def test_sdk_timeout_is_capped_by_the_server_limit() -> None:
         # A hang bound: the server's 1 s cap plus generous slack, far below the 30 s asked.
         assert time.monotonic() - started < 10
         env.close()
+
+
+def start_hung_verification(local: LocalFleet, instance_id: str) -> threading.Thread:
+    """A verification on ``instance_id`` that hangs (until the server's time limit) in
+    its worker; returns once the worker has it."""
+    fault = local.faults.add("verifier_hang", instance=instance_id, times=1)
+    hung = threading.Thread(target=post_execute, args=(local, instance_id, COUNTS_NOTES),
+                            daemon=True)
+    hung.start()
+    wait_for(lambda: fault not in [f["id"] for f in local.faults.list()], 10,
+             "the hung verification to start")
+    return hung
+
+
+def test_a_hung_verifier_does_not_hold_up_the_others() -> None:
+    """With every worker busy (here the only one, hung until its 30 s limit), the next
+    verification gets a worker started for it instead of queueing behind the hang."""
+    from _support.fixtures_local import TEST_APPS
+
+    with LocalFleet(apps=TEST_APPS, verifier_timeout=30.0, verifier_workers=1) as local:
+        client = local.client()
+        stuck, free = client.make("notes"), client.make("notes")
+        hung = start_hung_verification(local, stuck.instance_id)
+        answer = post_execute(local, free.instance_id, COUNTS_NOTES)
+        assert answer.status_code == 200 and answer.json()["success"] is True
+        assert hung.is_alive()  # answered while the hung one still runs
+        assert int(answer.headers["X-Verifier-Queue-Ms"]) >= 0
+    hung.join(30)
+
+
+def test_the_wait_for_a_worker_is_answered_apart_from_the_run() -> None:
+    """At ``verifier_workers_max`` the pool grows no more: the next run waits for the
+    hung one's worker, and says how long in ``X-Verifier-Queue-Ms``, apart from its own
+    ``execution_time_ms``."""
+    from _support.fixtures_local import TEST_APPS
+
+    with LocalFleet(apps=TEST_APPS, verifier_timeout=5.0, verifier_workers=1,
+                    verifier_workers_max=1) as local:
+        client = local.client()
+        stuck, free = client.make("notes"), client.make("notes")
+        started = time.monotonic()
+        hung = start_hung_verification(local, stuck.instance_id)
+        answer = post_execute(local, free.instance_id, COUNTS_NOTES)
+        took_ms = (time.monotonic() - started) * 1000
+        body = answer.json()
+        assert answer.status_code == 200 and body["success"] is True
+        queued_ms = int(answer.headers["X-Verifier-Queue-Ms"])
+        # It waited for the hang's 5 s limit, less the moment it took to be sent.
+        assert 1000 <= queued_ms <= took_ms
+        assert 0 <= body["execution_time_ms"] <= took_ms - queued_ms
+    hung.join(30)
+
+
+def test_verifications_waiting_for_a_worker_do_not_starve_the_server() -> None:
+    """The server's blocking work (tool calls, manager-API queries, setting up an
+    instance) runs on one shared set of threads. Verifications queued for a worker must
+    not hold those threads, or everything else (a running verifier's own queries too)
+    waits for the queue."""
+    from _support.fixtures_local import TEST_APPS
+
+    with LocalFleet(apps=TEST_APPS, verifier_timeout=15.0, verifier_workers=1,
+                    verifier_workers_max=1) as local:
+        client = local.client()
+        stuck, free = client.make("notes"), client.make("notes")
+        hung = start_hung_verification(local, stuck.instance_id)
+        # 40 more, queued behind it; the fault marks each one as it reaches the pool.
+        marker = local.faults.add("verifier_delay", instance=free.instance_id, seconds=0,
+                                  times=40)
+        queued = [threading.Thread(target=post_execute,
+                                   args=(local, free.instance_id, COUNTS_NOTES), daemon=True)
+                  for _ in range(40)]
+        for thread in queued:
+            thread.start()
+        wait_for(lambda: marker not in [f["id"] for f in local.faults.list()], 15,
+                 "40 verifications to queue")
+        client.make("notes").close()  # set up (and torn down) in the server's threads
+        assert hung.is_alive()  # answered while the queue still waits behind the hang
+    for thread in (hung, *queued):
+        thread.join(30)

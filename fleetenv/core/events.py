@@ -356,13 +356,15 @@ class VerificationFinished(Event):
 
     ``outcome`` is a :class:`~fleetenv.GradeStatus` (``"graded"`` or ``"unknown"``),
     ``reason`` the :class:`~fleetenv.core.vocabulary.GradeReason` of an unknown grade,
-    ``attempts`` how many runs it took.
+    ``attempts`` how many runs it took. ``queue_s``: of ``duration_s``, how long the runs
+    waited for a free verifier runner (``None`` when the runner does not say).
     """
 
     kind: ClassVar[str] = EventKind.VERIFICATION_FINISHED
 
     outcome: str
     duration_s: float
+    queue_s: float | None = None
     reward: float | None = None
     reason: str | None = None
     attempts: int = 1

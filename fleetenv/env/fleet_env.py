@@ -734,7 +734,7 @@ class FleetEnv:
         """Report a grade once, from whichever call settled it."""
         if grade.reason is not GradeReason.NO_VERIFIER:
             self._emit(VerificationFinished, outcome=str(grade.status),
-                       duration_s=grade.seconds, reward=grade.reward,
+                       duration_s=grade.seconds, queue_s=grade.queue_s, reward=grade.reward,
                        reason=None if grade.reason is None else str(grade.reason),
                        attempts=grade.attempts, error_type=grade.error_type,
                        error=grade.error, execution_id=grade.execution_id)

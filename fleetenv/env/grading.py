@@ -157,7 +157,9 @@ def _compute(session: Session, task: Task, instance: Instance | None, state: Epi
             grade = Grade.unknown(GradeReason.INSTANCE_GONE,
                                   f"the instance stopped before grading ({grade.error})",
                                   stdout=grade.stdout, execution_id=grade.execution_id,
-                                  seconds=grade.seconds, attempts=grade.attempts,
-                                  error_type=grade.error_type)
+                                  seconds=grade.seconds, queue_s=grade.queue_s,
+                                  attempts=grade.attempts, error_type=grade.error_type)
     state.timings["verify_s"] = time.monotonic() - started
+    if grade.queue_s is not None:  # of verify_s, the wait for a free verifier runner
+        state.timings["verify_queue_s"] = grade.queue_s
     return grade

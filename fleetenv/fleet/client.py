@@ -61,16 +61,31 @@ _last_error_body: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "fleetenv_last_fleet_error_body", default=None)
 
 
+#: The ``X-Verifier-Queue-Ms`` header of the calling thread's last answer, in seconds: how
+#: long a verifier run waited for a free runner, apart from its own time (the local Fleet
+#: sends it; without it, None). fleet-python's verify response keeps no such field.
+_last_queue_s: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "fleetenv_last_verifier_queue_s", default=None)
+
+
 def last_error_body() -> Any:
     """The parsed body of the calling thread's last Fleet error answer, if any."""
     return _last_error_body.get()
 
 
-def _forget_error_body(request: httpx.Request) -> None:
+def last_queue_s() -> float | None:
+    """Seconds the calling thread's last verifier run waited in the runner's queue, if
+    the runner said."""
+    return _last_queue_s.get()
+
+
+def _forget_last_answer(request: httpx.Request) -> None:
     _last_error_body.set(None)
+    _last_queue_s.set(None)
 
 
-def _remember_error_body(response: httpx.Response) -> None:
+def _remember_last_answer(response: httpx.Response) -> None:
+    _last_queue_s.set(_queue_seconds(response.headers.get("X-Verifier-Queue-Ms")))
     if response.status_code < 400:
         return
     response.read()  # error bodies are small; fleet-python reads it right after anyway
@@ -78,6 +93,13 @@ def _remember_error_body(response: httpx.Response) -> None:
         _last_error_body.set(response.json())
     except ValueError:
         _last_error_body.set(None)
+
+
+def _queue_seconds(header: str | None) -> float | None:
+    """The header's milliseconds in seconds; None when absent or not a plain count."""
+    if header is None or len(header) > 12 or not header.isdecimal():
+        return None
+    return int(header) / 1000
 
 
 class FleetClient:
@@ -98,8 +120,8 @@ class FleetClient:
             transport=DeadlineTransport(
                 verify=_shared_ssl_context(),
                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)),
-            event_hooks={"request": [_forget_error_body],
-                         "response": [_remember_error_body]},
+            event_hooks={"request": [_forget_last_answer],
+                         "response": [_remember_last_answer]},
         )
         self.sdk: fleet.Fleet = fleet.Fleet(
             api_key=api_key, base_url=self.base_url, httpx_client=self._http, max_retries=0,

@@ -54,6 +54,9 @@ class Grade:
     error: str | None = None
     execution_id: str | None = None
     seconds: float = 0.0
+    queue_s: float | None = None
+    """Of ``seconds``, how long the runs waited for a free verifier runner before they
+    started, when the runner says (the local Fleet does; ``None`` when it does not)."""
     score: float | None = None
     """The verifier's own score (the strict reward), ``None`` when unknown."""
     partial: float | None = None
@@ -155,6 +158,7 @@ def verify(
                              attempts=0)
     from fleet.tasks import Task as FleetTask
 
+    from fleetenv.fleet.client import last_queue_s
     from fleetenv.fleet.deadlines import deadline_scope
 
     started = time.monotonic()
@@ -167,15 +171,20 @@ def verify(
         kwargs["conversation"] = (conversation if isinstance(conversation, str)
                                   else json.dumps(list(conversation), default=str))
     attempts = 0
+    queue_s: float | None = None
 
     def attempt() -> Any:
-        nonlocal attempts
+        nonlocal attempts, queue_s
         attempts += 1
         try:
             response = fleet_task.verify_detailed(env, final_answer, **kwargs)
         except Exception as exc:
             # Typed as retryable or not; the original stays the cause for the message.
             raise provisioning_error(exc, task=task_key) from exc
+        finally:
+            waited = last_queue_s()  # what the runner said about this run's queueing
+            if waited is not None:
+                queue_s = (queue_s or 0.0) + waited
         if response.success and judge_failed(response.stdout):
             raise _JudgeFailed(response)
         return response
@@ -199,7 +208,7 @@ def verify(
         return Grade.unknown(
             GradeReason.JUDGE_ERROR, _judge_line(failed.stdout), stdout=failed.stdout or None,
             execution_id=failed.execution_id, seconds=time.monotonic() - started,
-            attempts=attempts, error_type="JudgeError")
+            queue_s=queue_s, attempts=attempts, error_type="JudgeError")
     except FleetEnvError as wrapped:
         exc: Exception = wrapped
         if not isinstance(wrapped, DeadlineExceeded) and isinstance(wrapped.__cause__,
@@ -212,12 +221,13 @@ def verify(
         status = getattr(exc, "status_code", None)
         said = f" (HTTP {status})" if isinstance(status, int) else ""
         return Grade.unknown(reason, f"{type(exc).__name__}{said}: {exc}", seconds=seconds,
-                             attempts=attempts, error_type=type(exc).__name__)
+                             queue_s=queue_s, attempts=attempts,
+                             error_type=type(exc).__name__)
     seconds = time.monotonic() - started
     stdout = response.stdout or None
     execution_id = response.execution_id
     done = {"stdout": stdout, "execution_id": execution_id, "seconds": seconds,
-            "attempts": attempts}
+            "queue_s": queue_s, "attempts": attempts}
     if not response.success:
         error_type = (response.error.get("type") if isinstance(response.error, dict)
                       else None)

@@ -18,14 +18,25 @@ of running experiments depend on them:
 
 Which verifiers want the conversation is decided from the parsed source (``ast``), not a
 regular expression: the original's regex missed multi-line signatures and defaults that
-contain parentheses.
+contain parentheses. Each source is parsed once (cached).
+
+CPython before 3.11.8 / 3.12.2 builds AST objects with state shared by all threads, and
+two threads building at once can fail with a spurious ``SystemError: AST constructor
+recursion depth mismatch`` (gh-106905). Grading threads run these parsers at once, so
+every ``ast`` call here goes through :func:`_build_ast`: one at a time, and retried if
+another library's thread clashed with it anyway.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import logging
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = [
     "AppGrade",
@@ -37,17 +48,47 @@ __all__ = [
     "parse_partial",
 ]
 
+logger = logging.getLogger("fleetenv.verifier")
+
+_T = TypeVar("_T")
+_AST_LOCK = threading.Lock()
+_AST_ATTEMPTS = 3
+#: Longest accumulator block read as a list literal; a longer one is unreadable (None).
+MAX_ACCUMULATOR_CHARS = 1 << 20
 _JUDGE_ERROR = re.compile(r"^JUDGE ERROR:", re.MULTILINE)
 _APP_LINE = re.compile(r"^App (\S+): (\d+)$", re.MULTILINE)
 _TRIVIAL_MARKERS = ("no unexpected changes", "no filesystem changes", "no-unexpected-envelopes")
 
 
-def _block(name: str) -> re.Pattern[str]:
-    return re.compile(rf">>> {name} >>>\n(.+?)\n<<< {name} <<<", re.DOTALL)
+def _build_ast(build: Callable[[], _T]) -> _T:
+    """``build()`` (an ``ast`` call) under the process's AST lock; a spurious
+    ``SystemError`` from a clash with a thread outside fleetenv is retried."""
+    for attempt in range(1, _AST_ATTEMPTS + 1):
+        with _AST_LOCK:
+            try:
+                return build()
+            except SystemError:
+                if attempt == _AST_ATTEMPTS:
+                    raise
+                logger.info("building an AST clashed with another thread (gh-106905); "
+                            "retrying")
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
-_ERRORS = _block("ERROR_ACCUMULATOR")
-_SUCCESSES = _block("SUCCESS_ACCUMULATOR")
+def _block(stdout: str, name: str) -> str | None:
+    """The text between the first ``>>> name >>>`` line and the next ``<<< name <<<``
+    line (at least one character), or None. ``str.find`` only: linear in ``stdout``."""
+    start, end = f">>> {name} >>>\n", f"\n<<< {name} <<<"
+    head = stdout.find(start)
+    if head < 0:
+        return None
+    body = head + len(start)
+    tail = stdout.find(end, body + 1)
+    return None if tail < 0 else stdout[body:tail]
+
+
+_ERRORS = "ERROR_ACCUMULATOR"
+_SUCCESSES = "SUCCESS_ACCUMULATOR"
 
 
 @dataclass(frozen=True)
@@ -77,13 +118,16 @@ def judge_failed(stdout: str | None) -> bool:
     return bool(stdout) and _JUDGE_ERROR.search(stdout or "") is not None
 
 
-def _count(match: re.Match[str] | None) -> int | None:
+def _count(block: str | None) -> int | None:
     """Items in an accumulator block's list literal (0 without a block, None if unreadable)."""
-    if match is None:
+    if block is None:
         return 0
+    if len(block) > MAX_ACCUMULATOR_CHARS:
+        return None
+    literal = block.strip()
     try:
-        value = ast.literal_eval(match.group(1).strip())
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        value = _build_ast(lambda: ast.literal_eval(literal))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, SystemError):
         return None
     if not isinstance(value, list | tuple | set):
         return None
@@ -94,12 +138,13 @@ def parse_accumulators(stdout: str) -> float | None:
     """``n_success / (n_errors + n_success)`` from the first accumulator blocks.
 
     ``None`` when there is no block, when both are empty, or when one does not parse as
-    a list literal (a partial score from half-read output would be a made-up number).
+    a list literal (a partial score from half-read output would be a made-up number), or
+    is longer than ``MAX_ACCUMULATOR_CHARS``.
     """
-    errors_match, successes_match = _ERRORS.search(stdout), _SUCCESSES.search(stdout)
-    if errors_match is None and successes_match is None:
+    errors_block, successes_block = _block(stdout, _ERRORS), _block(stdout, _SUCCESSES)
+    if errors_block is None and successes_block is None:
         return None
-    errors, successes = _count(errors_match), _count(successes_match)
+    errors, successes = _count(errors_block), _count(successes_block)
     if errors is None or successes is None or errors + successes == 0:
         return None
     return successes / (errors + successes)
@@ -122,8 +167,8 @@ def _is_trivial(block: str | None) -> bool:
     """
     if block is None:
         return False
-    successes = _SUCCESSES.search(block)
-    text = (successes.group(1) if successes else block).lower()
+    successes = _block(block, _SUCCESSES)
+    text = (block if successes is None else successes).lower()
     return any(marker in text for marker in _TRIVIAL_MARKERS)
 
 
@@ -170,8 +215,19 @@ def accepts_conversation(source: str | None) -> bool:
     if not source:
         return False
     try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+        return _takes_conversation(source)
+    except SystemError as exc:  # gh-106905 on every attempt: not cached, asked again
+        logger.warning("could not read the verifier's signature (%s); sending no "
+                       "conversation", exc)
+        return False
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_conversation(source: str) -> bool:
+    """:func:`accepts_conversation`'s answer, parsed once per verifier source."""
+    try:
+        tree = _build_ast(lambda: ast.parse(source))
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
         return False
     candidates = [_run_function(tree)]
     candidates += [node for node in tree.body

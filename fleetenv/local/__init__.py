@@ -36,7 +36,10 @@ control plane then reports ``status: "stopped"`` and every instance URL answers
 ``410 Gone`` with a JSON ``detail`` (fast: fleet-python does not retry 410).
 Verifier code runs in a small pool of pre-warmed worker processes with a time limit
 (the request's ``timeout``, capped by ``verifier_timeout``); a verifier that hangs or
-kills its interpreter yields an error result and the server keeps serving. Each run
+kills its interpreter yields an error result and the server keeps serving. The pool
+grows by one worker per verification in flight beyond it (up to
+``verifier_workers_max``), and answers the time a run waited for a worker in the
+``X-Verifier-Queue-Ms`` header. Each run
 gets a forked process with a scrubbed environment (no API keys), resource limits (CPU,
 memory, file size, processes), a fresh temporary working directory, its own process
 group killed with it, and, when the server is root, the user ``nobody``. That is

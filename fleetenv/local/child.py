@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ttl-seconds", type=int, default=3600)
     parser.add_argument("--verifier-timeout", type=float, default=30.0)
     parser.add_argument("--verifier-workers", type=int, default=2)
+    parser.add_argument("--verifier-workers-max", type=int, default=32)
     parser.add_argument("--instance-limit", type=int, default=1000)
     parser.add_argument("--allow-non-loopback", action="store_true")
     return parser
@@ -48,6 +49,7 @@ def main() -> int:
         ttl_seconds=args.ttl_seconds,
         verifier_timeout=args.verifier_timeout,
         verifier_workers=args.verifier_workers,
+        verifier_workers_max=args.verifier_workers_max,
         instance_limit=args.instance_limit,
     )
     with fleet:

@@ -34,6 +34,9 @@ class LocalFleetConfig:
     verifier_timeout: float = 30.0
     """Upper bound (and default) of one verifier run, whatever the request asks for."""
     verifier_workers: int = 2
+    """Verifier worker processes started with the server."""
+    verifier_workers_max: int = 32
+    """More are started on demand, one per verification in flight, up to this many."""
     instance_limit: int = 1000
     graceful_shutdown_seconds: int = 2
     """Whole seconds: uvicorn's ``timeout_graceful_shutdown`` is an ``int``."""

@@ -262,9 +262,10 @@ class ControlPlaneRoutes:
 
     async def verifier_execute(self, request: Request) -> Response:
         body = await json_body(request)
-        result = await verification.execute(self.state, body)
+        result, queue_ms = await verification.execute(self.state, body)
         # A verifier may return NaN or infinity; Python's json writes them as literals
         # (and Python clients read them back), where starlette's JSONResponse would
         # fail the request. Clients must cope with a non-finite score, so send it.
         return Response(json.dumps(result, allow_nan=True, default=str),
-                        media_type="application/json")
+                        media_type="application/json",
+                        headers={"X-Verifier-Queue-Ms": str(queue_ms)})

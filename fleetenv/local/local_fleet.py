@@ -94,7 +94,8 @@ class LocalFleet:
     ``apps``: ``{env_key: AppSpec}``, an import path ``"module:ATTR"`` (the only form
     ``in_process=False`` accepts), or None for ``fleetenv.local.apps.APPS``.
     ``ttl_seconds`` is the default instance lifetime; ``verifier_timeout`` caps each
-    verifier run; ``verifier_workers`` pre-warmed worker processes run them;
+    verifier run; ``verifier_workers`` pre-warmed worker processes run them, and more
+    start on demand, one per verification in flight, up to ``verifier_workers_max``;
     ``instance_limit`` live instances before creates get Fleet's 403.
     ``runner_token_gate``: instance-manager routes answer 404 without the
     ``X-Runner-Token`` served at ``/v1/runner-auth/token``, as gated Fleet clusters do.
@@ -119,6 +120,7 @@ class LocalFleet:
         ttl_seconds: int = 3600,
         verifier_timeout: float = 30.0,
         verifier_workers: int = 2,
+        verifier_workers_max: int = 32,
         instance_limit: int = 1000,
         startup_timeout: float = 30.0,
         runner_token_gate: bool = True,
@@ -139,7 +141,7 @@ class LocalFleet:
             host=host, port=port, token=self.token, log_level=log_level,
             allow_non_loopback=allow_non_loopback, default_ttl_seconds=ttl_seconds,
             verifier_timeout=verifier_timeout, verifier_workers=verifier_workers,
-            instance_limit=instance_limit,
+            verifier_workers_max=verifier_workers_max, instance_limit=instance_limit,
             runner_token=secrets.token_urlsafe(24) if runner_token_gate else "",
             regions=_regions(regions), browser=browser, chromium=chromium,
             require_mcp_auth=require_mcp_auth,
@@ -207,6 +209,7 @@ class LocalFleet:
             "--ttl-seconds", str(c.default_ttl_seconds),
             "--verifier-timeout", str(c.verifier_timeout),
             "--verifier-workers", str(c.verifier_workers),
+            "--verifier-workers-max", str(c.verifier_workers_max),
             "--instance-limit", str(c.instance_limit),
         ]
         if isinstance(self._apps, str):

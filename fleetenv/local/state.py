@@ -57,7 +57,11 @@ class LocalFleetState:
             instance_limit=config.instance_limit,
         )
         self.pool = WorkerPool(config.verifier_workers, workdir / "verifier-workers.log",
-                               runner_token=config.runner_token)
+                               runner_token=config.runner_token,
+                               max_size=config.verifier_workers_max)
+        #: The threads that block on the pool, one per worker it may have: apart from
+        #: anyio's shared ones, which tool calls and verifiers' own queries need.
+        self.pool_threads = anyio.CapacityLimiter(self.pool.max_size)
         self.task_group: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained = False

@@ -10,6 +10,10 @@ Faults for the grading paths of clients: ``verifier_unavailable`` answers ``stat
 (503) before anything runs, like an overloaded runner; ``verifier_delay`` holds the run
 ``seconds``; ``verifier_judge_error`` runs the verifier and puts a ``JUDGE ERROR:`` line
 first in its stdout, like an LLM judge brownout inside a verifier that otherwise ran.
+
+``execution_time_ms`` is the run's own time; the time the run waited for a free worker
+is answered apart, in the ``X-Verifier-Queue-Ms`` header (a local Fleet extra: the
+response model fleet-python parses has no field for it, and drops unknown ones).
 """
 
 from __future__ import annotations
@@ -73,7 +77,8 @@ def _env_reference(body: dict[str, Any]) -> str:
     return env
 
 
-async def execute(state: LocalFleetState, body: dict[str, Any]) -> dict[str, Any]:
+async def execute(state: LocalFleetState, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The execute answer, and the milliseconds the run waited for a worker."""
     bundle, cache_hit = _bundle(state, body)
     source = _source(bundle)
     reference = _env_reference(body)
@@ -114,7 +119,11 @@ async def execute(state: LocalFleetState, body: dict[str, Any]) -> dict[str, Any
         if fault else None,
     }
     started = time.monotonic()
-    outcome = await anyio.to_thread.run_sync(state.pool.run, job, limit)
+    # Blocks for the queue and the run: on the pool's threads, so that queued runs never
+    # hold the shared ones that tool calls and the running verifiers' queries need.
+    outcome = await anyio.to_thread.run_sync(state.pool.run, job, limit, started,
+                                             limiter=state.pool_threads)
+    queue_ms = int(outcome.get("queue_ms") or 0)
     stdout = outcome.get("stdout") or ""
     if judge is not None:  # the run succeeded, but its LLM judge (say) was browned out
         stdout = f"JUDGE ERROR: {judge.message or 'judge service unavailable (503)'}\n{stdout}"
@@ -123,7 +132,7 @@ async def execute(state: LocalFleetState, body: dict[str, Any]) -> dict[str, Any
         "result": outcome.get("result"),
         "stdout": stdout,
         "error": outcome.get("error"),
-        "execution_time_ms": int((time.monotonic() - started) * 1000),
+        "execution_time_ms": max(0, int((time.monotonic() - started) * 1000) - queue_ms),
         "execution_id": f"exec-{secrets.token_hex(8)}",
         "verifier_id": body.get("verifier_id") or key,
         "key": key,
@@ -132,7 +141,7 @@ async def execute(state: LocalFleetState, body: dict[str, Any]) -> dict[str, Any
         "created_at": iso(time.time()),
         "comment": None,
         "bundle_cache_hit": cache_hit,
-    }
+    }, queue_ms
 
 
 def _instance_in_url(url: str) -> str | None:

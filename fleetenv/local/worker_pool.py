@@ -5,6 +5,12 @@ cost tens of milliseconds. So a few workers are started with the server, each se
 jobs one at a time, and a worker that times out or dies is killed and replaced in the
 background. The server never waits on verifier code without a deadline.
 
+Capacity follows the load: while more jobs are in flight than there are workers, each
+new job starts one more worker (up to ``max_size``), so a burst of grades, or a hung
+verifier holding its worker until its time limit, does not leave the others queued past
+their clients' deadlines. Workers started so stay until the server stops. Each reply
+says how long its job waited for a worker (``queue_ms``), apart from the run itself.
+
 Workers are plain subprocesses (``python -m fleetenv.local.verifier_worker``), not
 ``multiprocessing`` children: spawn-mode multiprocessing re-imports the caller's
 ``__main__``, which would start a second local Fleet in scripts without a main guard.
@@ -145,8 +151,10 @@ class _Worker:
 
 
 class WorkerPool:
-    def __init__(self, size: int, log_path: Path, *, runner_token: str = "") -> None:
+    def __init__(self, size: int, log_path: Path, *, runner_token: str = "",
+                 max_size: int = 32) -> None:
         self.size = max(1, size)
+        self.max_size = max(self.size, max_size)
         self.runner_token = runner_token
         self.log_path = log_path
         self.log_file = open(log_path, "ab")  # noqa: SIM115 - closed in close()
@@ -154,6 +162,7 @@ class WorkerPool:
         self.home.mkdir(mode=0o700, exist_ok=True)
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._workers: set[_Worker] = set()
+        self._jobs = 0  # in flight: waiting for a worker or running on one
         self._lock = threading.Lock()
         self._closed = False
 
@@ -163,12 +172,15 @@ class WorkerPool:
 
     def _spawn(self) -> None:
         with self._lock:
-            if self._closed:
-                return
-            try:
-                self._workers.add(_Worker(self))
-            except OSError:
-                logger.exception("could not start a verifier worker")
+            self._spawn_locked()
+
+    def _spawn_locked(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._workers.add(_Worker(self))
+        except OSError:
+            logger.exception("could not start a verifier worker")
 
     def _on_exit(self, worker: _Worker) -> None:
         with self._lock:
@@ -177,23 +189,48 @@ class WorkerPool:
         if replace:
             self._spawn()
 
-    def run(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Run one job; always returns a result dict, never hangs past the deadlines."""
+    def run(self, job: dict[str, Any], timeout: float,
+            queued: float | None = None) -> dict[str, Any]:
+        """Run one job; always returns a result dict, never hangs past the deadlines.
+
+        The reply's ``queue_ms`` is how long the job waited for a worker, since
+        ``queued`` (a ``time.monotonic()``; default: now).
+        """
+        queued = time.monotonic() if queued is None else queued
+        with self._lock:
+            self._jobs += 1
+            if self._jobs > len(self._workers) and len(self._workers) < self.max_size:
+                self._spawn_locked()  # one worker per job in flight, up to max_size
+        try:
+            worker = self._take_worker()
+            waited_ms = int((time.monotonic() - queued) * 1000)
+            if worker is None:
+                reply = _failure(
+                    "VerifierUnavailable",
+                    "no verifier worker became ready in time (see the worker log at "
+                    f"{self.log_path}); is fleet-python importable by {sys.executable}?")
+            else:
+                reply = self._run_on(worker, job, timeout)
+            return {**reply, "queue_ms": waited_ms}
+        finally:
+            with self._lock:
+                self._jobs -= 1
+
+    def _take_worker(self) -> _Worker | None:
+        """The next idle live worker, or None if none became ready in time."""
         wait_until = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while True:
             remaining = wait_until - time.monotonic()
             if self._closed or remaining <= 0:
-                return _failure(
-                    "VerifierUnavailable",
-                    "no verifier worker became ready in time (see the worker log at "
-                    f"{self.log_path}); is fleet-python importable by {sys.executable}?",
-                )
+                return None
             try:
                 worker = self._idle.get(timeout=min(remaining, 0.5))
             except queue.Empty:
                 continue
             if worker.alive:
-                break
+                return worker
+
+    def _run_on(self, worker: _Worker, job: dict[str, Any], timeout: float) -> dict[str, Any]:
         started = time.monotonic()
         try:
             # The worker enforces ``timeout`` on the job itself (and cleans up after it);
