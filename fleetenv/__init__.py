@@ -23,6 +23,7 @@ _LAZY: dict[str, str] = {
     # tasks
     "Task": "fleetenv.core.tasks",
     "load_tasks": "fleetenv.core.task_files",
+    "bundled_tasks_path": "fleetenv.core.task_files",
     "select_tasks": "fleetenv.core.tasks",
     # episodes
     "FleetEnv": "fleetenv.env.fleet_env",
@@ -67,7 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.config import FleetConfig, resolve_config
     from fleetenv.core.event_bus import EventBus
     from fleetenv.core.event_sinks import JsonlSink
-    from fleetenv.core.task_files import load_tasks
+    from fleetenv.core.task_files import bundled_tasks_path, load_tasks
     from fleetenv.core.tasks import Task, select_tasks
     from fleetenv.core.vocabulary import GradeStatus, Modality, StopReason
     from fleetenv.env.actions import Done, FinalAnswer, ToolCall
@@ -138,6 +139,7 @@ __all__ = [
     "ToolResult",
     "WarmPool",
     "__version__",
+    "bundled_tasks_path",
     "evaluate_task",
     "evaluate_task_async",
     "load_tasks",

@@ -19,12 +19,12 @@ omegaconf = pytest.importorskip("omegaconf")
 from skyrl_gym.envs.base_text_env import BaseTextEnv  # noqa: E402
 
 import fleetenv  # noqa: E402
+from fleetenv import bundled_tasks_path  # noqa: E402
 from fleetenv.adapters.skyrl import ENV_ID, FleetTextEnv, dataset_row  # noqa: E402
 from fleetenv.core.config import ENV_API_KEY, ENV_BASE_URL  # noqa: E402
 from fleetenv.core.errors import ConfigurationError, FleetEnvError  # noqa: E402
 from fleetenv.fleet.session import default_session  # noqa: E402
 from fleetenv.local import LocalFleet  # noqa: E402
-from fleetenv.local.apps import bundled_tasks_path  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 

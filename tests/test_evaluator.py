@@ -17,6 +17,7 @@ from typing import Any
 import fleet
 import pytest
 
+from fleetenv import bundled_tasks_path
 from fleetenv.cli.main import main
 from fleetenv.core.config import ENV_API_KEY, ENV_BASE_URL
 from fleetenv.core.errors import ConfigurationError, DeadlineExceeded
@@ -30,7 +31,6 @@ from fleetenv.fleet.evaluator import (
 )
 from fleetenv.fleet.session import Session
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 TASKS = {task.key: task for task in load_tasks(bundled_tasks_path())}
 TASK = TASKS["helpdesk-assign-api-ticket"]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import FleetEnv, Session
+from fleetenv import FleetEnv, Session, bundled_tasks_path
 from fleetenv.core.retry import Deadline
 from fleetenv.errors import (
     DeadlineExceeded,
@@ -21,7 +21,6 @@ from fleetenv.errors import (
 from fleetenv.events import EventBus, ProvisioningRetry
 from fleetenv.fleet.limits import KeyLimiter
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -69,7 +69,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from fleetenv.core.config import finite_reward
 from fleetenv.core.errors import ConfigurationError
-from fleetenv.core.task_files import load_tasks
+from fleetenv.core.task_files import bundled_tasks_path, load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.env.tool_call_parsing import PROMPT_FORMATS
@@ -379,12 +379,7 @@ def _plain_value(value: Any) -> Any:
 
 def _tasks_by_key(tasks_file: str | os.PathLike[str] | None) -> dict[str, Task]:
     """The tasks of a file by key, read once (many envs start at once, in threads)."""
-    if tasks_file is None:
-        from fleetenv.local.apps import bundled_tasks_path
-
-        path = bundled_tasks_path()
-    else:
-        path = Path(tasks_file).expanduser()
+    path = bundled_tasks_path() if tasks_file is None else Path(tasks_file).expanduser()
     try:
         resolved = path.resolve()
         stamp = (str(resolved), resolved.stat().st_mtime_ns)

@@ -195,7 +195,7 @@ def _run_local(args: argparse.Namespace) -> int:
 def _run_openenv(args: argparse.Namespace) -> int:
     _check_loopback(args.host, args.allow_non_loopback)
     from fleetenv.cli.demo import demo_config
-    from fleetenv.core.task_files import load_tasks
+    from fleetenv.core.task_files import bundled_tasks_path, load_tasks
     from fleetenv.fleet.session import Session
 
     try:
@@ -204,8 +204,6 @@ def _run_openenv(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise SystemExit(f"fleetenv serve openenv: {exc}") from None
     if args.tasks is None:
-        from fleetenv.local.apps import bundled_tasks_path
-
         tasks = load_tasks(bundled_tasks_path())
         session = Session(demo_config())  # the bundled tasks exist only locally
     else:
