@@ -53,7 +53,7 @@ _LAZY: dict[str, str] = {
     "RolloutResult": "fleetenv.rollouts.rollout",
     "PolicyContext": "fleetenv.rollouts.policy",
     "Reply": "fleetenv.rollouts.policy",
-    "PolicySpec": "fleetenv.rollouts.policy",
+    "PolicySpec": "fleetenv.rollouts.policy_spec",
     "summarize": "fleetenv.rollouts.metrics",
     "read_results": "fleetenv.rollouts.results",
     "ResultsWriter": "fleetenv.rollouts.results",
@@ -89,7 +89,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.mcp.tools import Tool
     from fleetenv.rollouts.async_rollout import run_episode_async
     from fleetenv.rollouts.metrics import summarize
-    from fleetenv.rollouts.policy import PolicyContext, PolicySpec, Reply
+    from fleetenv.rollouts.policy import PolicyContext, Reply
+    from fleetenv.rollouts.policy_spec import PolicySpec
     from fleetenv.rollouts.ray_runner import RayRunner
     from fleetenv.rollouts.results import ResultsWriter, read_results
     from fleetenv.rollouts.rollout import RolloutResult, run_episode

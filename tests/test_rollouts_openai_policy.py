@@ -32,7 +32,7 @@ from fleetenv.core.errors import (
 from fleetenv.core.tasks import Task
 from fleetenv.local import LocalFleet
 from fleetenv.rollouts.openai_policy import OpenAIChatPolicy, normalize_assistant_message
-from fleetenv.rollouts.policy import PolicySpec
+from fleetenv.rollouts.policy_spec import PolicySpec
 from fleetenv.rollouts.rollout import RolloutResult, run_episode
 
 BASE_URL = "https://llm.example/v1"

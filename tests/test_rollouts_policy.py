@@ -22,15 +22,13 @@ from fleetenv.rollouts.policy import (
     CallablePolicy,
     Policy,
     PolicyContext,
-    PolicySpec,
     Reply,
     ScriptedPolicy,
-    as_policy,
     dump_actions,
-    parse_policy_spec,
     reply_from_assistant_message,
     to_reply,
 )
+from fleetenv.rollouts.policy_spec import PolicySpec, as_policy, parse_policy_spec
 from fleetenv.rollouts.rollout import run_episode
 
 TASKS: dict[str, Task] = {t.key: t for t in fleetenv.load_tasks(bundled_tasks_path())}

@@ -25,7 +25,8 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.local import LocalFleet
-from fleetenv.rollouts.policy import PolicyContext, PolicySpec, Reply, ScriptedPolicy
+from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
+from fleetenv.rollouts.policy_spec import PolicySpec
 from fleetenv.rollouts.progress import Progress, format_duration
 from fleetenv.rollouts.runner import Runner
 

@@ -35,7 +35,7 @@ from fleetenv.fleet.traces import (
 )
 from fleetenv.local import LocalFleet
 from fleetenv.local.traces import TraceStore, page_url, view_key
-from fleetenv.rollouts.policy import PolicySpec
+from fleetenv.rollouts.policy_spec import PolicySpec
 from fleetenv.rollouts.rollout import RolloutResult
 from fleetenv.rollouts.runner import Runner
 

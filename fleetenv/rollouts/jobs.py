@@ -28,7 +28,8 @@ from fleetenv.core.redaction import redact
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import StopReason
 from fleetenv.fleet.session import Session
-from fleetenv.rollouts.policy import Policy, PolicyContext, PolicySpec
+from fleetenv.rollouts.policy import Policy, PolicyContext
+from fleetenv.rollouts.policy_spec import PolicySpec
 from fleetenv.rollouts.rollout import CancelToken, RolloutResult, run_episode
 
 __all__ = [

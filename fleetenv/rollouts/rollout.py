@@ -24,7 +24,8 @@ from fleetenv.env.actions import Action
 from fleetenv.env.argument_hints import task_type_error
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.env.observation import Observation
-from fleetenv.rollouts.policy import Policy, PolicyContext, Reply, as_policy
+from fleetenv.rollouts.policy import Policy, PolicyContext, Reply
+from fleetenv.rollouts.policy_spec import as_policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.session import Session
