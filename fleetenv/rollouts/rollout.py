@@ -117,7 +117,7 @@ class RolloutResult:
 
     def _repr_html_(self) -> str:
         """Jupyter's rich display: outcome, reward, timings, a collapsible transcript."""
-        from fleetenv.reports.notebook import result_html
+        from fleetenv.core.rendering import result_html
 
         return result_html(self)
 
