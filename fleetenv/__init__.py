@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetenv._version import __version__
 from fleetenv.core.errors import FleetEnvError
+from fleetenv.fleet import backend as _backend
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY: dict[str, str] = {
@@ -65,6 +66,8 @@ _LAZY: dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
     from fleetenv.core.config import FleetConfig, resolve_config
     from fleetenv.core.event_bus import EventBus
     from fleetenv.core.event_sinks import JsonlSink
@@ -95,6 +98,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.rollouts.results import ResultsWriter, read_results
     from fleetenv.rollouts.rollout import RolloutResult, run_episode
     from fleetenv.rollouts.runner import Runner
+
+
+def _start_local_fleet() -> tuple[LocalFleet, Sequence[str]]:
+    """The default backend without an API key: the embedded local Fleet, whose harness
+    jobs run through fleetenv's own rollouts (the one place the stack and the local Fleet
+    are wired together; ``fleetenv.fleet.backend`` starts it on first use)."""
+    from fleetenv.local import LocalFleet
+    from fleetenv.local.apps import APPS
+    from fleetenv.rollouts.harness import ScriptedHarness
+
+    return LocalFleet(harness=ScriptedHarness).start(), sorted(APPS)
+
+
+_backend.use_local_fleet(_start_local_fleet)
 
 
 def __getattr__(name: str) -> Any:

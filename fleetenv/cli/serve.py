@@ -167,6 +167,7 @@ def _is_default(name: str, value: object) -> bool:
 def _run_local(args: argparse.Namespace) -> int:
     from fleetenv.local import LocalFleet
     from fleetenv.local.traces import page_url
+    from fleetenv.rollouts.harness import ScriptedHarness
 
     fleet = LocalFleet(
         apps=args.apps,
@@ -177,6 +178,7 @@ def _run_local(args: argparse.Namespace) -> int:
         ttl_seconds=args.ttl_seconds,
         verifier_timeout=args.verifier_timeout,
         log_level="DEBUG" if getattr(args, "debug", False) else "WARNING",
+        harness=ScriptedHarness,
     )
     try:
         with fleet:
