@@ -195,9 +195,9 @@ class Evaluator:
     @property
     def session(self) -> Session:
         if self._session is None:
-            from fleetenv.fleet.session import default_session
+            from fleetenv.fleet.session import Session
 
-            self._session = default_session()
+            self._session = Session.shared()
         return self._session
 
     @property
