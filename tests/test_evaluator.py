@@ -253,7 +253,7 @@ def test_a_local_fleet_built_without_a_harness_refuses_jobs_saying_so(
 
 @pytest.mark.timeout(90)
 def test_a_subprocess_local_fleet_takes_its_harness_by_import_path() -> None:
-    with pytest.raises(LocalFleetError, match="harness by import path"):
+    with pytest.raises(LocalFleetError, match="a harness by import path"):
         LocalFleet(in_process=False, harness=ScriptedHarness)
     with (LocalFleet(in_process=False, verifier_workers=1,
                      harness="fleetenv.rollouts.harness:ScriptedHarness") as local,

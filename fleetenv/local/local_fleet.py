@@ -134,16 +134,11 @@ class LocalFleet:
         harness: HarnessFactory | str | None = None,
     ) -> None:
         check_bind_host(host, allow_non_loopback)
-        if not in_process and apps is not None and not isinstance(apps, str):
+        if not in_process and any(v is not None and not isinstance(v, str)
+                                  for v in (apps, harness)):
             raise LocalFleetError(
-                "in_process=False can only load apps by import path ('package.module:ATTR'), "
-                "not from a mapping of objects"
-            )
-        if not in_process and harness is not None and not isinstance(harness, str):
-            raise LocalFleetError(
-                "in_process=False can only load a harness by import path "
-                "('package.module:ATTR'), not from an object"
-            )
+                "in_process=False can only load apps and a harness by import path "
+                "('package.module:ATTR'), not from objects")
         self._apps = apps
         self._harness = harness
         self.token = token or secrets.token_urlsafe(24)

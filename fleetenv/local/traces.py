@@ -316,20 +316,18 @@ class TracePages:
         return quote(self._view_key)
 
     async def jobs_page(self, request: Request) -> Response:
-        store = self.store
         rows = "".join(
             f"<tr><td><a href=\"/traces/jobs/{quote(j['job_id'])}?key={self._key()}\">"
             f"{_e(j['name'])}</a></td><td>{_e(j['job_id'])}</td><td>{_e(j['created_at'])}"
-            f"</td><td>{len(store.job_sessions(j['job_id']))}</td></tr>"
-            for j in reversed(list(store.jobs.values())))
+            f"</td><td>{len(self.store.job_sessions(j['job_id']))}</td></tr>"
+            for j in reversed(list(self.store.jobs.values())))
         body = ("<table><tr><th>job</th><th>id</th><th>created</th><th>sessions</th></tr>"
                 f"{rows}</table>" if rows else "<p>No trace jobs yet.</p>")
         return _page("Trace jobs", body)
 
     async def job_page(self, request: Request) -> Response:
-        store = self.store
         try:
-            job = store.job(request.path_params["job_id"])
+            job = self.store.job(request.path_params["job_id"])
         except ControlPlaneError as exc:
             return _page("Not found", f"<p>{_e(exc.detail)}</p>", status=404)
         rows = "".join(
@@ -337,16 +335,15 @@ class TracePages:
             f"\">{_e(s.get('task_key') or s['session_id'])}</a></td><td>{_e(s.get('model'))}"
             f"</td><td>{_e(s.get('status'))}</td><td>{_e(_score(s))}</td>"
             f"<td>{len(s['messages'])}</td></tr>"
-            for s in store.job_sessions(job["job_id"]))
+            for s in self.store.job_sessions(job["job_id"]))
         body = (f"<p><a href=\"/traces?key={self._key()}\">all jobs</a></p>"
                 "<table><tr><th>task</th><th>model</th><th>status</th><th>score</th>"
                 f"<th>messages</th></tr>{rows}</table>")
         return _page(f"Job {job['name']}", body)
 
     async def session_page(self, request: Request) -> Response:
-        store = self.store
         try:
-            session = store.session(request.path_params["session_id"])
+            session = self.store.session(request.path_params["session_id"])
         except ControlPlaneError as exc:
             return _page("Not found", f"<p>{_e(exc.detail)}</p>", status=404)
         facts = "".join(
