@@ -123,18 +123,9 @@ def resolve_apps(apps: Mapping[str, AppSpec] | str | None) -> dict[str, AppSpec]
     (the only form a subprocess server can receive).
     """
     if apps is None:
-        try:
-            module = importlib.import_module("fleetenv.local.apps")
-        except ImportError as exc:
-            raise LocalFleetError(
-                f"the bundled sample apps could not be imported ({exc}); pass apps=..."
-            ) from exc
-        found = getattr(module, "APPS", None)
-        if not found:
-            raise LocalFleetError(
-                "fleetenv.local.apps defines no APPS registry yet; pass apps={key: AppSpec}"
-            )
-        return dict(found)
+        from fleetenv.local.apps import APPS
+
+        return dict(APPS)
     if isinstance(apps, str):
         return dict(load_by_path(apps, "apps"))
     return dict(apps)
