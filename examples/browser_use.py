@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from fleetenv import Done, FleetEnv, ToolCall, load_tasks
-from fleetenv.local.apps import bundled_tasks_path
+from fleetenv import Done, FleetEnv, ToolCall, bundled_tasks_path, load_tasks
 
 
 def main() -> int:

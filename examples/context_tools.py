@@ -22,8 +22,7 @@ import json
 import sys
 from typing import Any
 
-from fleetenv import FleetEnv, ToolCall, load_tasks
-from fleetenv.local.apps import bundled_tasks_path
+from fleetenv import FleetEnv, ToolCall, bundled_tasks_path, load_tasks
 
 TASK_KEY = "helpdesk-count-unassigned-open"
 

@@ -20,8 +20,14 @@ import json
 import sys
 from typing import Any
 
-from fleetenv import FinalAnswer, PolicyContext, ToolCall, load_tasks, run_episode
-from fleetenv.local.apps import bundled_tasks_path
+from fleetenv import (
+    FinalAnswer,
+    PolicyContext,
+    ToolCall,
+    bundled_tasks_path,
+    load_tasks,
+    run_episode,
+)
 
 TASK_KEY = "helpdesk-busiest-agent"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 
 import fleetenv
-from fleetenv.local.apps import bundled_tasks_path
+from fleetenv import bundled_tasks_path
 
 TASK_KEY = "helpdesk-assign-api-ticket"
 

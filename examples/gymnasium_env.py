@@ -18,8 +18,7 @@ import sys
 import gymnasium
 
 import fleetenv.adapters.gymnasium  # noqa: F401  (registers "fleetenv/Fleet-v0")
-from fleetenv import load_tasks
-from fleetenv.local.apps import bundled_tasks_path
+from fleetenv import bundled_tasks_path, load_tasks
 
 TASK_KEY = "helpdesk-assign-api-ticket"
 

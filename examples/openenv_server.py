@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from openenv.core.generic_client import GenericEnvClient
 
-from fleetenv import Session
+from fleetenv import Session, bundled_tasks_path
 from fleetenv.adapters.openenv.server import FleetServerSettings, OpenEnvServer
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
-from fleetenv.local.apps import bundled_tasks_path
 
 TASK = "helpdesk-assign-api-ticket"
 

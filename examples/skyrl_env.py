@@ -22,9 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 import skyrl_gym
 
 import fleetenv.adapters.skyrl  # noqa: F401  (registers "fleetenv" with skyrl_gym)
-from fleetenv import Task, load_tasks
+from fleetenv import Task, bundled_tasks_path, load_tasks
 from fleetenv.adapters.skyrl import dataset_row
-from fleetenv.local.apps import bundled_tasks_path
 
 TASK_KEYS = ["shop-count-shipped", "helpdesk-assign-api-ticket", "shop-refund-returned-order",
              "helpdesk-busiest-agent"]

@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 import fleetenv
-from fleetenv.local.apps import bundled_tasks_path
+from fleetenv import bundled_tasks_path
 
 
 def main() -> int:

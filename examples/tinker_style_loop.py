@@ -36,10 +36,10 @@ from fleetenv import (
     RolloutResult,
     Runner,
     ToolCall,
+    bundled_tasks_path,
     load_tasks,
     summarize,
 )
-from fleetenv.local.apps import bundled_tasks_path
 
 STEPS = 2  # optimiser steps
 BATCH = 4  # tasks per step

@@ -20,9 +20,8 @@ import sys
 
 import httpx
 
-from fleetenv import Runner, load_tasks, resolve_config
+from fleetenv import Runner, bundled_tasks_path, load_tasks, resolve_config
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 JOB = "examples-traces"
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetenv._version import __version__
 from fleetenv.core.errors import FleetEnvError
+from fleetenv.fleet import backend as _backend
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY: dict[str, str] = {
@@ -23,6 +24,7 @@ _LAZY: dict[str, str] = {
     # tasks
     "Task": "fleetenv.core.tasks",
     "load_tasks": "fleetenv.core.task_files",
+    "bundled_tasks_path": "fleetenv.core.task_files",
     "select_tasks": "fleetenv.core.tasks",
     # episodes
     "FleetEnv": "fleetenv.env.fleet_env",
@@ -52,7 +54,7 @@ _LAZY: dict[str, str] = {
     "RolloutResult": "fleetenv.rollouts.rollout",
     "PolicyContext": "fleetenv.rollouts.policy",
     "Reply": "fleetenv.rollouts.policy",
-    "PolicySpec": "fleetenv.rollouts.policy",
+    "PolicySpec": "fleetenv.rollouts.policy_spec",
     "summarize": "fleetenv.rollouts.metrics",
     "read_results": "fleetenv.rollouts.results",
     "ResultsWriter": "fleetenv.rollouts.results",
@@ -64,10 +66,12 @@ _LAZY: dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
     from fleetenv.core.config import FleetConfig, resolve_config
     from fleetenv.core.event_bus import EventBus
     from fleetenv.core.event_sinks import JsonlSink
-    from fleetenv.core.task_files import load_tasks
+    from fleetenv.core.task_files import bundled_tasks_path, load_tasks
     from fleetenv.core.tasks import Task, select_tasks
     from fleetenv.core.vocabulary import GradeStatus, Modality, StopReason
     from fleetenv.env.actions import Done, FinalAnswer, ToolCall
@@ -88,11 +92,26 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.mcp.tools import Tool
     from fleetenv.rollouts.async_rollout import run_episode_async
     from fleetenv.rollouts.metrics import summarize
-    from fleetenv.rollouts.policy import PolicyContext, PolicySpec, Reply
+    from fleetenv.rollouts.policy import PolicyContext, Reply
+    from fleetenv.rollouts.policy_spec import PolicySpec
     from fleetenv.rollouts.ray_runner import RayRunner
     from fleetenv.rollouts.results import ResultsWriter, read_results
     from fleetenv.rollouts.rollout import RolloutResult, run_episode
     from fleetenv.rollouts.runner import Runner
+
+
+def _start_local_fleet() -> tuple[LocalFleet, Sequence[str]]:
+    """The default backend without an API key: the embedded local Fleet, whose harness
+    jobs run through fleetenv's own rollouts (the one place the stack and the local Fleet
+    are wired together; ``fleetenv.fleet.backend`` starts it on first use)."""
+    from fleetenv.local import LocalFleet
+    from fleetenv.local.apps import APPS
+    from fleetenv.rollouts.harness import ScriptedHarness
+
+    return LocalFleet(harness=ScriptedHarness).start(), sorted(APPS)
+
+
+_backend.use_local_fleet(_start_local_fleet)
 
 
 def __getattr__(name: str) -> Any:
@@ -138,6 +157,7 @@ __all__ = [
     "ToolResult",
     "WarmPool",
     "__version__",
+    "bundled_tasks_path",
     "evaluate_task",
     "evaluate_task_async",
     "load_tasks",

@@ -14,11 +14,11 @@ gymnasium = pytest.importorskip("gymnasium")
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
 import fleetenv  # noqa: E402
+from fleetenv import bundled_tasks_path  # noqa: E402
 from fleetenv.adapters.gymnasium import ENV_ID, FleetGymEnv  # noqa: E402
 from fleetenv.core.config import resolve_config  # noqa: E402
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError  # noqa: E402
 from fleetenv.local import LocalFleet  # noqa: E402
-from fleetenv.local.apps import bundled_tasks_path  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,11 +22,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 from opentelemetry.trace import StatusCode
 
 import fleetenv
-from fleetenv import EventBus, FleetEnv, Runner, Session, ToolCall
+from fleetenv import EventBus, FleetEnv, Runner, Session, ToolCall, bundled_tasks_path
 from fleetenv.adapters.otel import OtelSink
 from fleetenv.core.config import resolve_config
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,6 +7,7 @@ SkyRL user exports, so every env shares the default session as it would in train
 from __future__ import annotations
 
 import json
+import multiprocessing
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,12 +20,17 @@ omegaconf = pytest.importorskip("omegaconf")
 from skyrl_gym.envs.base_text_env import BaseTextEnv  # noqa: E402
 
 import fleetenv  # noqa: E402
-from fleetenv.adapters.skyrl import ENV_ID, FleetTextEnv, dataset_row  # noqa: E402
+from fleetenv import bundled_tasks_path  # noqa: E402
+from fleetenv.adapters.skyrl import (  # noqa: E402
+    ENV_ID,
+    FleetTextEnv,
+    dataset_row,
+    shared_session,
+)
 from fleetenv.core.config import ENV_API_KEY, ENV_BASE_URL  # noqa: E402
 from fleetenv.core.errors import ConfigurationError, FleetEnvError  # noqa: E402
-from fleetenv.fleet.session import default_session  # noqa: E402
+from fleetenv.fleet.session import Session  # noqa: E402
 from fleetenv.local import LocalFleet  # noqa: E402
-from fleetenv.local.apps import bundled_tasks_path  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -42,9 +48,9 @@ def fleet_from_env(local_fleet: LocalFleet, monkeypatch: pytest.MonkeyPatch
     default session (re-created here from these variables, closed afterwards)."""
     monkeypatch.setenv(ENV_API_KEY, local_fleet.token)
     monkeypatch.setenv(ENV_BASE_URL, local_fleet.base_url)
-    default_session().close()
+    Session.shared().close()
     yield local_fleet
-    default_session().close()
+    Session.shared().close()
 
 
 def hermes(*calls: tuple[str, dict[str, Any]]) -> str:
@@ -273,6 +279,30 @@ def test_task_keys_are_looked_up_in_the_configured_file(tmp_path: Any,
     with pytest.raises(ConfigurationError, match="no task 'shop-count-shipped' in"):
         skyrl_gym.make(ENV_ID, env_config={"tasks_file": str(path)},
                        extras={"task_key": "shop-count-shipped"})
+
+
+def _shared_session_in_child(settings: dict[str, Any], out: Any) -> None:
+    try:
+        shared_session(settings).provisioner  # noqa: B018 - the access is the test
+    except FleetEnvError as exc:
+        out.put(str(exc))
+    else:
+        out.put("usable")
+
+
+def test_a_forked_env_process_gets_its_own_shared_session(
+        fleet_from_env: LocalFleet) -> None:
+    settings = {"max_live_instances": 3}
+    parent = shared_session(settings)
+    with parent:
+        parent.provisioner  # noqa: B018 - build the backend in the parent first
+        context = multiprocessing.get_context("fork")
+        out = context.Queue()
+        child = context.Process(target=_shared_session_in_child, args=(settings, out))
+        child.start()
+        message = out.get(timeout=30)
+        child.join(timeout=30)
+    assert message == "usable"
 
 
 def test_settings_give_every_env_one_shared_session_with_its_caps(

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 import fleetenv
+from fleetenv import bundled_tasks_path
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 HAVE_COOKBOOK = importlib.util.find_spec("tinker_cookbook") is not None
 if os.environ.get("FLEETENV_REQUIRE_TINKER") and not HAVE_COOKBOOK:  # .ci/tinker: no skips

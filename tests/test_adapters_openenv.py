@@ -16,6 +16,7 @@ import pytest
 
 import fleetenv
 import fleetenv.errors
+from fleetenv import bundled_tasks_path
 from fleetenv.adapters.openenv import (
     FleetEnvClient,
     FleetTaskEnv,
@@ -25,7 +26,6 @@ from fleetenv.adapters.openenv import (
 )
 from fleetenv.core.events import RolloutStarted
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import FleetEnv, ToolCall
+from fleetenv import FleetEnv, ToolCall, bundled_tasks_path
 from fleetenv.core.errors import (
     ConfigurationError,
     EpisodeStateError,
@@ -22,7 +22,6 @@ from fleetenv.core.errors import (
     TransientProvisioningError,
 )
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.mcp import compat
 
 pytestmark = pytest.mark.timeout(90)

@@ -11,11 +11,19 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import Done, FleetEnv, PolicyContext, Reply, ResultsWriter, Runner, ToolCall
+from fleetenv import (
+    Done,
+    FleetEnv,
+    PolicyContext,
+    Reply,
+    ResultsWriter,
+    Runner,
+    ToolCall,
+    bundled_tasks_path,
+)
 from fleetenv.errors import ConfigurationError, ResultsFileError
 from fleetenv.events import EventBus
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,13 +23,13 @@ import pytest
 from _support.waiting import wait_for
 
 import fleetenv
+from fleetenv import bundled_tasks_path
 from fleetenv.cli.main import main as cli_main
 from fleetenv.core.errors import FleetEnvError, ProvisioningError
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.fleet.leases import BrowserLease, LeaseClient, wait_until_ready
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -234,7 +234,7 @@ def test_a_lease_whose_delete_keeps_failing_is_deleted_by_fleetenv_sweep(
 SIGTERM_SCRIPT = """
     import os, sys, threading
     import fleetenv
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
 
     task = next(t for t in fleetenv.load_tasks(bundled_tasks_path())
                 if t.modality == "computer_use")

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import responses
 
+from fleetenv import bundled_tasks_path
 from fleetenv.cli.main import COMMANDS, main
 from fleetenv.core.config import ENV_API_KEY, ENV_BASE_URL
 from fleetenv.core.task_files import load_tasks
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 BUNDLED = load_tasks(bundled_tasks_path())
 HELPDESK_TOOLS = {"search_tickets", "get_ticket", "find_customers", "list_agents",

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import ENV_API_KEY, ENV_BASE_URL
 from fleetenv.core.task_files import load_tasks
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.results import read_manifest
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and ptys")

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import responses
 
+from fleetenv import bundled_tasks_path
 from fleetenv.cli.main import main
 from fleetenv.core.config import ENV_API_KEY, ENV_BASE_URL
 from fleetenv.core.task_files import load_tasks
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.results import (
     SCHEMA_VERSION,
     manifest_path,

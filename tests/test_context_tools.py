@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import FleetEnv, Session, ToolCall
+from fleetenv import FleetEnv, Session, ToolCall, bundled_tasks_path
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import ToolCallFinished
 from fleetenv.env.context_tools import CONTEXT_TOOL_NAMES, CONTEXT_TOOLS, ContextTools
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,9 +14,8 @@ import pytest
 from _support.waiting import wait_for
 
 import fleetenv
-from fleetenv import FleetEnv, Task, ToolCall
+from fleetenv import FleetEnv, Task, ToolCall, bundled_tasks_path
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytest.importorskip("trio", reason="trio is in the test extra: pip install -e '.[test]'")
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import FleetEnv, Task, ToolCall
+from fleetenv import FleetEnv, Task, ToolCall, bundled_tasks_path
 from fleetenv.core.errors import (
     EpisodeStateError,
     InvalidActionError,
@@ -18,7 +18,6 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.event_bus import EventBus
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 

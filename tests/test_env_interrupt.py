@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 SCRIPT = textwrap.dedent("""
     import os, sys
     import fleetenv
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
 
     task = next(t for t in fleetenv.load_tasks(bundled_tasks_path())
                 if t.modality == "tool_use")

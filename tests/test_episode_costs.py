@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import FleetEnv, ToolCall
+from fleetenv import FleetEnv, ToolCall, bundled_tasks_path
 from fleetenv.core.config import resolve_config
 from fleetenv.core.event_bus import EventBus
 from fleetenv.fleet.session import Session
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 

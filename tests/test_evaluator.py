@@ -17,6 +17,7 @@ from typing import Any
 import fleet
 import pytest
 
+from fleetenv import bundled_tasks_path
 from fleetenv.cli.main import main
 from fleetenv.core.config import ENV_API_KEY, ENV_BASE_URL
 from fleetenv.core.errors import ConfigurationError, DeadlineExceeded
@@ -29,8 +30,8 @@ from fleetenv.fleet.evaluator import (
     evaluate_task_async,
 )
 from fleetenv.fleet.session import Session
-from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
+from fleetenv.local import LocalFleet, LocalFleetError
+from fleetenv.rollouts.harness import ScriptedHarness
 
 TASKS = {task.key: task for task in load_tasks(bundled_tasks_path())}
 TASK = TASKS["helpdesk-assign-api-ticket"]
@@ -236,6 +237,30 @@ def test_a_model_the_local_harness_cannot_run_is_refused(session: Session) -> No
                        r"hint: check the model ids"):
         Evaluator(session=session, k=1, models=["anthropic/claude-sonnet-4.5"]
                   ).evaluate(TASK)
+
+
+def test_a_local_fleet_built_without_a_harness_refuses_jobs_saying_so(
+        notes_fleet: LocalFleet) -> None:
+    """The local Fleet never imports fleetenv's rollouts: what runs its jobs is given to
+    it (the ``local_fleet`` fixture gives ``ScriptedHarness``; ``notes_fleet`` nothing)."""
+    task = {"key": "notes-nothing", "prompt": "Do nothing.", "env_id": "notes",
+            "verifier_func": "def validate_task(env, final_answer=None):\n    return 1\n"}
+    with (Session(api_key=notes_fleet.token, base_url=notes_fleet.base_url) as session,
+          pytest.raises(EvaluationError, match=r"creating the evaluation job.*501.*"
+                        r"built without a harness \(LocalFleet\(harness=")):
+        Evaluator(session=session, k=1, models=LOCAL, timeout_s=30).evaluate(task)
+
+
+@pytest.mark.timeout(90)
+def test_a_subprocess_local_fleet_takes_its_harness_by_import_path() -> None:
+    with pytest.raises(LocalFleetError, match="a harness by import path"):
+        LocalFleet(in_process=False, harness=ScriptedHarness)
+    with (LocalFleet(in_process=False, verifier_workers=1,
+                     harness="fleetenv.rollouts.harness:ScriptedHarness") as local,
+          Session(api_key=local.token, base_url=local.base_url) as session):
+        result = Evaluator(session=session, k=1, models=LOCAL, poll_interval_s=0.3,
+                           timeout_s=60).evaluate(TASK)
+    assert result.models["reference"].scores == [1.0]
 
 
 @pytest.mark.timeout(60)

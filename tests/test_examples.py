@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import fleetenv
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import ENV_API_KEY, ENV_BASE_URL
-from fleetenv.local.apps import bundled_tasks_path
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -23,6 +23,7 @@ import pytest
 from _support.waiting import poll_until, wait_child, wait_for
 
 import fleetenv
+from fleetenv import bundled_tasks_path
 from fleetenv.cli.main import main as cli_main
 from fleetenv.core.errors import FleetEnvError
 from fleetenv.core.event_bus import EventBus
@@ -30,7 +31,6 @@ from fleetenv.core.events import Event, InstanceDeleteFailed
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -78,7 +78,7 @@ RUNNER_SCRIPT = """
     import os
     from fleetenv.core.config import resolve_config
     from fleetenv.core.task_files import load_tasks
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
     from fleetenv.rollouts.runner import Runner
 
     config = resolve_config(api_key=os.environ["T_KEY"], base_url=os.environ["T_URL"],
@@ -118,7 +118,7 @@ def test_sigterm_to_a_runner_deletes_the_instances_its_worker_threads_created(
 CHAINED_SCRIPT = """
     import os, signal, sys, threading
     import fleetenv
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
 
     def mine(signum, frame):
         print("USER HANDLER", flush=True)
@@ -177,7 +177,7 @@ def test_importing_fleetenv_changes_no_signal_handler() -> None:
 HUNG_CALL_SCRIPT = """
     import os, threading
     import fleetenv
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
 
     task = next(t for t in fleetenv.load_tasks(bundled_tasks_path())
                 if t.modality == "tool_use")
@@ -229,7 +229,7 @@ def test_sigterm_does_not_wait_for_a_hung_tool_call_in_another_thread(
 PENDING_FUTURES_SCRIPT = """
     import os, sys
     import fleetenv
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
 
     tasks = [t for t in fleetenv.load_tasks(bundled_tasks_path())
              if t.modality == "tool_use"][:2]
@@ -287,7 +287,7 @@ def test_sigterm_does_not_wait_for_hung_rollouts_of_an_unclosed_runner(
 CLOSING_RUNNER_SCRIPT = """
     import os
     import fleetenv
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
 
     tasks = [t for t in fleetenv.load_tasks(bundled_tasks_path())
              if t.modality == "tool_use"][:2]
@@ -487,7 +487,7 @@ ONE_TASK_PREAMBLE = """
     import os, sys, threading
     import fleetenv
     from fleetenv.errors import FleetEnvError
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
 
     task = [t for t in fleetenv.load_tasks(bundled_tasks_path())
             if t.modality == "tool_use"][0]

@@ -19,6 +19,7 @@ import pytest
 from _support.fixtures_local import TEST_APPS
 from fleet.runner_auth import RunnerTokenProvider
 
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import resolve_config
 from fleetenv.core.errors import FleetEnvError, InstanceGoneError
 from fleetenv.core.event_bus import EventBus
@@ -27,7 +28,6 @@ from fleetenv.core.tasks import Task
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.fleet.manager import ManagerClient, ManagerPool
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.policy import ScriptedPolicy
 from fleetenv.rollouts.rollout import run_episode
 

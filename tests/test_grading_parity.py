@@ -24,7 +24,7 @@ import pytest
 from _support.waiting import wait_for
 
 import fleetenv
-from fleetenv import FleetEnv, Task
+from fleetenv import FleetEnv, Task, bundled_tasks_path
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event
 from fleetenv.core.vocabulary import GradeReason, GradeStatus, StopReason
@@ -41,7 +41,6 @@ from fleetenv.fleet.verifier_output import (
     parse_partial,
 )
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -573,7 +572,7 @@ def test_many_threads_grading_distinct_verifiers_at_once_lose_no_grade(
 CTRL_C_SCRIPT = textwrap.dedent("""
     import os
     import fleetenv
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
 
     task = fleetenv.load_tasks(bundled_tasks_path())[0]
     events = []

@@ -22,7 +22,8 @@ from fleet.verifiers.local_executor import execute_verifier_local
 from mcp import Client
 from mcp.server import MCPServer
 
-from fleetenv.local.apps import APPS, AppSpec, DbFactory, bundled_tasks_path
+from fleetenv import bundled_tasks_path
+from fleetenv.local.apps import APPS, AppSpec, DbFactory
 from fleetenv.local.apps.computer import SCREEN_HEIGHT, SCREEN_WIDTH, ComputerSession
 from fleetenv.local.apps.helpdesk.ui import HelpdeskScreen
 from fleetenv.local.apps.screen import Canvas, png_size

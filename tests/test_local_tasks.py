@@ -19,8 +19,8 @@ import pytest
 from _support.fixtures_local import open_mcp
 from fleet.tasks import Task as FleetTask
 
+from fleetenv import bundled_tasks_path
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 TASKS: list[dict[str, Any]] = json.loads(bundled_tasks_path().read_text())
 WORKERS = 4

@@ -10,12 +10,12 @@ import json
 
 from _support.generate_tasks import build_tasks
 
-from fleetenv.local.apps import bundled_tasks_path
+from fleetenv import bundled_tasks_path
 
 
 def test_bundled_tasks_match_generator() -> None:
     committed = json.loads(bundled_tasks_path().read_text())
     assert build_tasks() == committed, (
-        "fleetenv/local/apps/tasks.json is out of date with tests/_support/generate_tasks.py; "
+        "fleetenv/core/bundled_tasks.json is out of date with tests/_support/generate_tasks.py; "
         "run `python tests/_support/generate_tasks.py` and commit the result"
     )

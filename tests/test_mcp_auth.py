@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import FleetEnv, Session
+from fleetenv import FleetEnv, Session, bundled_tasks_path
 from fleetenv.core.errors import ConnectError
 from fleetenv.events import EventBus
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.mcp import Endpoint, MCPConnection, ToolRouter
 from fleetenv.mcp.router import endpoints_for
 

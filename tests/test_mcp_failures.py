@@ -493,10 +493,9 @@ def test_an_episode_waits_for_a_slow_starting_mcp_server_within_its_budget(
     setup inside its budget (a few connect timeouts, within the episode deadline) instead
     of failing after the connection's own three quick attempts."""
     import fleetenv
-    from fleetenv import FleetEnv, Session
+    from fleetenv import FleetEnv, Session, bundled_tasks_path
     from fleetenv.core.retry import Deadline
     from fleetenv.events import EventBus
-    from fleetenv.local.apps import bundled_tasks_path
 
     task = next(t for t in fleetenv.load_tasks(bundled_tasks_path()) if t.modality == "tool_use")
     session = Session(api_key=local_fleet.token, base_url=local_fleet.base_url,

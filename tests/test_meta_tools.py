@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import FleetEnv, Session, ToolCall
+from fleetenv import FleetEnv, Session, ToolCall, bundled_tasks_path
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import ToolCallFinished
 from fleetenv.env.meta_tools import META_TOOL_NAMES, MetaTools, signature
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.mcp.tools import Tool
 
 pytestmark = pytest.mark.timeout(120)

@@ -23,6 +23,7 @@ import pytest
 from _support.waiting import wait_for
 
 import fleetenv
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import resolve_config
 from fleetenv.core.errors import ArgumentTypeError, ConfigurationError
 from fleetenv.core.task_files import load_tasks
@@ -31,7 +32,6 @@ from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.env.unclosed import UnclosedEnvWarning
 from fleetenv.fleet.session import Session
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.metrics import summarize
 from fleetenv.rollouts.policy import ScriptedPolicy
 from fleetenv.rollouts.rollout import run_episode
@@ -123,7 +123,7 @@ def test_the_warning_is_shown_by_default() -> None:
 DROPPED_ENV_SCRIPT = f"""
 import gc, os, threading, time, warnings
 import fleetenv
-from fleetenv.local.apps import bundled_tasks_path
+from fleetenv import bundled_tasks_path
 
 warnings.simplefilter("ignore")
 task = next(t for t in fleetenv.load_tasks(bundled_tasks_path()) if t.key == {TOOL_TASK!r})
@@ -172,7 +172,7 @@ def test_rerunning_a_notebook_cell_leaks_no_instance_and_displays_richly(
     tag = f"nb-{uuid.uuid4().hex[:8]}"
     setup = (
         "import gc, fleetenv\n"
-        "from fleetenv.local.apps import bundled_tasks_path\n"
+        "from fleetenv import bundled_tasks_path\n"
         f"session = fleetenv.Session(api_key={local_fleet.token!r}, "
         f"base_url={local_fleet.base_url!r})\n"
         "tasks = {t.key: t for t in fleetenv.load_tasks(bundled_tasks_path())}\n")

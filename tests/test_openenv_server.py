@@ -33,6 +33,7 @@ from openenv.cli._validation import validate_running_environment
 from openenv.core.generic_client import GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 
+from fleetenv import bundled_tasks_path
 from fleetenv.adapters.openenv.server import (
     FleetServerAction,
     FleetServerSettings,
@@ -42,7 +43,6 @@ from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.fleet.session import Session
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -27,6 +27,8 @@ from typing import Any, TypedDict
 
 import pytest
 
+from fleetenv import bundled_tasks_path
+
 # ---------------------------------------------------------------- the ported import line
 from fleetenv.adapters.openenv import (  # was: from envs.fleet_env import ...
     ContextManager,
@@ -34,7 +36,6 @@ from fleetenv.adapters.openenv import (  # was: from envs.fleet_env import ...
 )
 from fleetenv.adapters.openenv import FleetTaskEnv as OpenEnvFleetTaskEnv
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from _support.waiting import poll_until, wait_for
 
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
 from fleetenv.rollouts.ray_actors import LiveInstanceCap
 from fleetenv.rollouts.runner import Runner
@@ -167,7 +167,7 @@ CTRL_C_SCRIPT = textwrap.dedent("""
     import ray
     from fleetenv.core.config import resolve_config
     from fleetenv.core.task_files import load_tasks
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
     from fleetenv.rollouts.ray_runner import RayRunner
 
     ray.init(address=os.environ["T_RAY"], log_to_driver=False)
@@ -215,7 +215,7 @@ UNCLOSED_DRIVER_SCRIPT = textwrap.dedent("""
     import ray
     from fleetenv.core.config import resolve_config
     from fleetenv.core.task_files import load_tasks
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
     from fleetenv.rollouts.ray_runner import RayRunner
 
     ray.init(address=os.environ["T_RAY"], log_to_driver=False)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from _support.browser import Page, chromium_page
 
+from fleetenv import bundled_tasks_path
 from fleetenv.cli.main import main
 from fleetenv.core.config import resolve_config
 from fleetenv.core.event_bus import EventBus
@@ -24,7 +25,6 @@ from fleetenv.core.event_sinks import JsonlSink
 from fleetenv.core.task_files import load_tasks
 from fleetenv.env.actions import FinalAnswer, ToolCall
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.reports import compare_runs, load_run, render_html
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
 from fleetenv.rollouts.results import ResultsWriter, read_manifest

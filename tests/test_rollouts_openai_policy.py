@@ -21,6 +21,7 @@ import requests
 import responses
 
 import fleetenv
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import (
     ConfigurationError,
@@ -30,9 +31,8 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.tasks import Task
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.openai_policy import OpenAIChatPolicy, normalize_assistant_message
-from fleetenv.rollouts.policy import PolicySpec
+from fleetenv.rollouts.policy_spec import PolicySpec
 from fleetenv.rollouts.rollout import RolloutResult, run_episode
 
 BASE_URL = "https://llm.example/v1"

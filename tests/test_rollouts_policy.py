@@ -12,25 +12,23 @@ from typing import Any
 import pytest
 
 import fleetenv
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError, InvalidActionError
 from fleetenv.core.tasks import Task
 from fleetenv.env.actions import Done, FinalAnswer, ToolCall
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.policy import (
     CallablePolicy,
     Policy,
     PolicyContext,
-    PolicySpec,
     Reply,
     ScriptedPolicy,
-    as_policy,
     dump_actions,
-    parse_policy_spec,
     reply_from_assistant_message,
     to_reply,
 )
+from fleetenv.rollouts.policy_spec import PolicySpec, as_policy, parse_policy_spec
 from fleetenv.rollouts.rollout import run_episode
 
 TASKS: dict[str, Task] = {t.key: t for t in fleetenv.load_tasks(bundled_tasks_path())}

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import fleetenv
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import resolve_config
 from fleetenv.core.task_files import load_tasks
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.results import (
     SCHEMA_VERSION,
     ResultsFileError,

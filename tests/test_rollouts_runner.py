@@ -18,14 +18,15 @@ from typing import Any
 import pytest
 from _support.waiting import wait_for
 
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
-from fleetenv.rollouts.policy import PolicyContext, PolicySpec, Reply, ScriptedPolicy
+from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
+from fleetenv.rollouts.policy_spec import PolicySpec
 from fleetenv.rollouts.progress import Progress, format_duration
 from fleetenv.rollouts.runner import Runner
 
@@ -233,7 +234,7 @@ CTRL_C_SCRIPT = textwrap.dedent("""
     import os
     from fleetenv.core.config import resolve_config
     from fleetenv.core.task_files import load_tasks
-    from fleetenv.local.apps import bundled_tasks_path
+    from fleetenv import bundled_tasks_path
     from fleetenv.rollouts.runner import Runner
 
     config = resolve_config(api_key=os.environ["T_KEY"], base_url=os.environ["T_URL"],

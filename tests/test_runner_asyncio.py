@@ -16,6 +16,7 @@ import anyio
 import pytest
 from _support.waiting import wait_for
 
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.event_bus import EventBus
@@ -23,7 +24,6 @@ from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.env.actions import Done, ToolCall
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.async_rollout import run_episode_async
 from fleetenv.rollouts.futures import AwaitableFuture
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy

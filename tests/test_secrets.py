@@ -15,11 +15,10 @@ import pytest
 
 import fleetenv
 import fleetenv.errors
-from fleetenv import FleetEnv, JsonlSink
+from fleetenv import FleetEnv, JsonlSink, bundled_tasks_path
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.redaction import redact
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.policy import PolicyContext
 from fleetenv.rollouts.results import ResultsWriter, manifest_path, read_results
 from fleetenv.rollouts.runner import Runner

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import FleetEnv, Session
+from fleetenv import FleetEnv, Session, bundled_tasks_path
 from fleetenv.core.retry import Deadline
 from fleetenv.errors import (
+    ConfigurationError,
     DeadlineExceeded,
     FleetEnvError,
     TransientProvisioningError,
@@ -21,7 +22,6 @@ from fleetenv.errors import (
 from fleetenv.events import EventBus, ProvisioningRetry
 from fleetenv.fleet.limits import KeyLimiter
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -100,7 +100,7 @@ def test_closing_a_session_deletes_what_it_created(local_fleet: LocalFleet) -> N
 def test_a_private_session_closes_with_its_env(local_fleet: LocalFleet) -> None:
     env = FleetEnv(TASK, api_key=local_fleet.token, base_url=local_fleet.base_url)
     env.reset()
-    assert env.session is not fleetenv.fleet.session.default_session()
+    assert env.session is not Session.shared()
     env.close()
     assert env.session.closed
 
@@ -175,12 +175,54 @@ def test_retryable_is_set_on_errors() -> None:
 
 
 def test_the_default_session_is_shared_and_replaced_when_closed() -> None:
-    from fleetenv.fleet.session import default_session
-
-    first = default_session()
-    assert default_session() is first
+    first = Session.shared()
+    assert Session.shared() is first
     first.close()
-    assert default_session() is not first
+    assert Session.shared() is not first
+
+
+def test_a_shared_session_is_one_per_settings_and_a_key_is_part_of_them(
+        local_fleet: LocalFleet) -> None:
+    url = local_fleet.base_url
+    first = Session.shared(api_key=local_fleet.token, base_url=url)
+    other_key = Session.shared(api_key="sk-other-key", base_url=url)
+    capped = Session.shared(api_key=local_fleet.token, base_url=url, max_live_instances=3)
+    try:
+        assert Session.shared(api_key=local_fleet.token, base_url=url) is first
+        assert Session.shared(first.config) is first
+        assert other_key is not first and capped is not first
+        assert other_key.config != first.config  # compared by value, never shown:
+        assert "sk-other-key" not in repr(other_key.config) + repr(other_key)
+        with pytest.raises(ConfigurationError, match="either a config or settings"):
+            Session.shared(first.config, max_steps=3)
+        first.close()
+        again = Session.shared(api_key=local_fleet.token, base_url=url)
+        assert again is not first and not again.closed
+    finally:
+        for session in (first, other_key, capped, Session.shared(first.config)):
+            session.close()
+
+
+def _shared_in_child(config: Any, out: Any) -> None:
+    try:
+        Session.shared(config).provisioner  # noqa: B018 - the access is the test
+    except FleetEnvError as exc:
+        out.put(str(exc))
+    else:
+        out.put("usable")
+
+
+def test_a_forked_child_gets_its_own_shared_session(local_fleet: LocalFleet) -> None:
+    parent = Session.shared(api_key=local_fleet.token, base_url=local_fleet.base_url)
+    with parent:
+        parent.provisioner  # noqa: B018 - build the backend in the parent first
+        context = multiprocessing.get_context("fork")
+        out = context.Queue()
+        child = context.Process(target=_shared_in_child, args=(parent.config, out))
+        child.start()
+        message = out.get(timeout=30)
+        child.join(timeout=30)
+    assert message == "usable"
 
 
 def test_session_repr_shows_no_secret(local_fleet: LocalFleet) -> None:

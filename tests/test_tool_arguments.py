@@ -20,12 +20,11 @@ import pytest
 from mcp.server import MCPServer
 
 import fleetenv
-from fleetenv import FleetEnv, Task, ToolCall
+from fleetenv import FleetEnv, Task, ToolCall, bundled_tasks_path
 from fleetenv.core.config import resolve_config
 from fleetenv.core.errors import ConfigurationError, ToolArgumentsError
 from fleetenv.env.actions import FinalAnswer
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.local.apps.base import AppSpec, DbFactory
 from fleetenv.mcp.arguments import ArgumentChecker, close_objects, require_object
 from fleetenv.mcp.router import Endpoint, ToolRouter

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import FleetEnv, Session, ToolCall
+from fleetenv import FleetEnv, Session, ToolCall, bundled_tasks_path
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import ToolCallFailed, ToolCallFinished, ToolErrorReported
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,6 +19,7 @@ import pytest
 from _support.fixtures_local import tiny_png
 from _support.waiting import wait_for
 
+from fleetenv import bundled_tasks_path
 from fleetenv.cli.main import main
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError
@@ -33,9 +34,8 @@ from fleetenv.fleet.traces import (
     trace_body,
 )
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.local.traces import TraceStore, page_url, view_key
-from fleetenv.rollouts.policy import PolicySpec
+from fleetenv.rollouts.policy_spec import PolicySpec
 from fleetenv.rollouts.rollout import RolloutResult
 from fleetenv.rollouts.runner import Runner
 

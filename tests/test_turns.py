@@ -11,13 +11,12 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import FleetEnv, Task, ToolCall
+from fleetenv import FleetEnv, Task, ToolCall, bundled_tasks_path
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError, InvalidActionError
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event, TurnParseFailed, TurnWithoutToolCall
 from fleetenv.env.tool_call_parsing import parse_tool_calls
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 

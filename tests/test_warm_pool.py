@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from _support.waiting import poll_until
 
+from fleetenv import bundled_tasks_path
 from fleetenv.core.config import resolve_config
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.event_bus import EventBus
@@ -19,7 +20,6 @@ from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.fleet.session import Session
 from fleetenv.fleet.warm_pool import WarmPool, pool_of
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.policy import ScriptedPolicy
 from fleetenv.rollouts.rollout import run_episode
 from fleetenv.rollouts.runner import Runner

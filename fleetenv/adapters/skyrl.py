@@ -49,7 +49,6 @@ would show it.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -69,7 +68,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from fleetenv.core.config import finite_reward
 from fleetenv.core.errors import ConfigurationError
-from fleetenv.core.task_files import load_tasks
+from fleetenv.core.task_files import bundled_tasks_path, load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.env.tool_call_parsing import PROMPT_FORMATS
@@ -121,9 +120,6 @@ _SECRET_KEYS = ("api_key", "FLEET_API_KEY", "token")
 # Task files by resolved path, read once per process however many envs start at once.
 _task_files: dict[tuple[str, int], dict[str, Task]] = {}
 _task_files_lock = threading.Lock()
-# Sessions made from ``settings``, one per distinct settings, shared by every env.
-_sessions: dict[str, Session] = {}
-_sessions_lock = threading.Lock()
 
 
 class FleetTextEnv(BaseTextEnv):  # type: ignore[misc]
@@ -294,11 +290,11 @@ def resolve_task(task: object, *, tasks_file: str | os.PathLike[str] | None = No
 
 
 def shared_session(settings: Mapping[str, Any]) -> Session:
-    """The process's session for these ``FleetConfig`` fields (``FLEET_API_KEY`` and
-    ``FLEET_BASE_URL`` still come from the environment), made on first use and shared by
-    every env given the same settings, so its caps (``max_live_instances``,
-    ``max_creating_instances``) hold across all of SkyRL's env threads. Sessions still
-    open at interpreter exit delete their instances then."""
+    """The process's shared session (:meth:`fleetenv.Session.shared`) for these
+    ``FleetConfig`` fields (``FLEET_API_KEY`` and ``FLEET_BASE_URL`` still come from the
+    environment), so its caps (``max_live_instances``, ``max_creating_instances``) hold
+    across all of SkyRL's env threads. Sessions still open at interpreter exit delete
+    their instances then."""
     if not isinstance(settings, Mapping):
         raise ConfigurationError(
             f"settings must be a mapping of FleetConfig fields, got a "
@@ -310,12 +306,7 @@ def shared_session(settings: Mapping[str, Any]) -> Session:
             raise ConfigurationError(
                 f"settings does not take {name!r}", field=f"settings.{name}",
                 hint="export FLEET_API_KEY / FLEET_BASE_URL, or use the base_url option")
-    key = json.dumps(plain, sort_keys=True, default=str)
-    with _sessions_lock:
-        session = _sessions.get(key)
-        if session is None or session.closed:
-            session = _sessions[key] = Session(**plain)
-    return session
+    return Session.shared(**plain)
 
 
 def dataset_row(task: Task, *, prompt: bool = True) -> dict[str, Any]:
@@ -379,12 +370,7 @@ def _plain_value(value: Any) -> Any:
 
 def _tasks_by_key(tasks_file: str | os.PathLike[str] | None) -> dict[str, Task]:
     """The tasks of a file by key, read once (many envs start at once, in threads)."""
-    if tasks_file is None:
-        from fleetenv.local.apps import bundled_tasks_path
-
-        path = bundled_tasks_path()
-    else:
-        path = Path(tasks_file).expanduser()
+    path = bundled_tasks_path() if tasks_file is None else Path(tasks_file).expanduser()
     try:
         resolved = path.resolve()
         stamp = (str(resolved), resolved.stat().st_mtime_ns)

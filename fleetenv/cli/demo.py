@@ -36,9 +36,8 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
 
 def run(args: argparse.Namespace) -> int:
     from fleetenv.cli.run import execute
-    from fleetenv.core.task_files import load_tasks
-    from fleetenv.local.apps import bundled_tasks_path
-    from fleetenv.rollouts.policy import PolicySpec
+    from fleetenv.core.task_files import bundled_tasks_path, load_tasks
+    from fleetenv.rollouts.policy_spec import PolicySpec
 
     config = demo_config()
     tasks = load_tasks(bundled_tasks_path())

@@ -28,7 +28,7 @@ from fleetenv.core.errors import ConfigurationError, ResultsFileError
 from fleetenv.core.redaction import hide_credentials
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.rollouts.policy import PolicySpec
+    from fleetenv.rollouts.policy_spec import PolicySpec
 
 #: Manifest fields that must match for two runs to share a results file.
 COMPARED_FIELDS = ("tasks_sha256", "task_keys", "policy_spec", "sampling", "seed",

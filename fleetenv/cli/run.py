@@ -35,7 +35,7 @@ from fleetenv.core.errors import ConfigurationError
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.config import FleetConfig
     from fleetenv.core.tasks import Task
-    from fleetenv.rollouts.policy import PolicySpec
+    from fleetenv.rollouts.policy_spec import PolicySpec
     from fleetenv.rollouts.rollout import RolloutResult
     from fleetenv.rollouts.runner import Runner
 
@@ -255,7 +255,7 @@ def seeded_specs(spec: PolicySpec, seed: int | None) -> Callable[[int], PolicySp
     """The spec of each sample: with ``--seed S``, sample ``i`` sends seed ``S + i``."""
     if seed is None:
         return lambda sample: spec
-    from fleetenv.rollouts.policy import PolicySpec
+    from fleetenv.rollouts.policy_spec import PolicySpec
 
     return lambda sample: PolicySpec(spec.kind, {**spec.options, "seed": seed + sample})
 
@@ -263,7 +263,7 @@ def seeded_specs(spec: PolicySpec, seed: int | None) -> Callable[[int], PolicySp
 def policy_spec_from_args(policy: str, *, model: str | None, base_url: str | None,
                           sampling: Mapping[str, Any] | None = None) -> PolicySpec:
     """The picklable policy recipe the command line describes (never holding a key)."""
-    from fleetenv.rollouts.policy import PolicySpec, parse_policy_spec
+    from fleetenv.rollouts.policy_spec import PolicySpec, parse_policy_spec
 
     sampling = dict(sampling or {})
     kind = policy.partition(":")[0]

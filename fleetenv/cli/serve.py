@@ -167,6 +167,7 @@ def _is_default(name: str, value: object) -> bool:
 def _run_local(args: argparse.Namespace) -> int:
     from fleetenv.local import LocalFleet
     from fleetenv.local.traces import page_url
+    from fleetenv.rollouts.harness import ScriptedHarness
 
     fleet = LocalFleet(
         apps=args.apps,
@@ -177,6 +178,7 @@ def _run_local(args: argparse.Namespace) -> int:
         ttl_seconds=args.ttl_seconds,
         verifier_timeout=args.verifier_timeout,
         log_level="DEBUG" if getattr(args, "debug", False) else "WARNING",
+        harness=ScriptedHarness,
     )
     try:
         with fleet:
@@ -195,7 +197,7 @@ def _run_local(args: argparse.Namespace) -> int:
 def _run_openenv(args: argparse.Namespace) -> int:
     _check_loopback(args.host, args.allow_non_loopback)
     from fleetenv.cli.demo import demo_config
-    from fleetenv.core.task_files import load_tasks
+    from fleetenv.core.task_files import bundled_tasks_path, load_tasks
     from fleetenv.fleet.session import Session
 
     try:
@@ -204,8 +206,6 @@ def _run_openenv(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise SystemExit(f"fleetenv serve openenv: {exc}") from None
     if args.tasks is None:
-        from fleetenv.local.apps import bundled_tasks_path
-
         tasks = load_tasks(bundled_tasks_path())
         session = Session(demo_config())  # the bundled tasks exist only locally
     else:

@@ -22,9 +22,15 @@ from typing import Any
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.tasks import Task
 
-__all__ = ["load_tasks", "parse_tasks"]
+__all__ = ["bundled_tasks_path", "load_tasks", "parse_tasks"]
 
 _SHAPES_HINT = 'write a JSON array of tasks, {"tasks": [...]}, or one JSON object per line'
+
+
+def bundled_tasks_path() -> Path:
+    """The sample tasks shipped with fleetenv (a JSON array in Fleet's export format),
+    written against the apps of the embedded local Fleet, each with a reference solution."""
+    return Path(__file__).with_name("bundled_tasks.json")
 
 
 def load_tasks(path: str | os.PathLike[str]) -> list[Task]:

@@ -18,8 +18,7 @@ _LOAD = "tasks = {t.key: t for t in fleetenv.load_tasks('tasks.json')}"
 def _bundled() -> tuple[set[str], set[str]]:
     """Keys of the bundled sample tasks, and of their environments (empty if unreadable)."""
     try:
-        from fleetenv.core.task_files import load_tasks
-        from fleetenv.local.apps import bundled_tasks_path
+        from fleetenv.core.task_files import bundled_tasks_path, load_tasks
 
         tasks = load_tasks(bundled_tasks_path())
     except Exception:  # only a better hint is lost
@@ -34,7 +33,7 @@ def task_type_error(value: object, *, where: str = "FleetEnv") -> ArgumentTypeEr
         task_keys, env_keys = _bundled()
         if value in task_keys:
             hint = ("it is one of the bundled sample tasks: tasks = {t.key: t for t in "
-                    "fleetenv.load_tasks(fleetenv.local.apps.bundled_tasks_path())}; "
+                    "fleetenv.load_tasks(fleetenv.bundled_tasks_path())}; "
                     f"{where}(tasks[{value!r}])")
         elif value in env_keys or ":" in value:
             hint = (f"{value!r} names an environment, not a task; load tasks of it "

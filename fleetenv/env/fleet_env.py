@@ -92,7 +92,7 @@ from fleetenv.env.toolbox import Toolbox
 from fleetenv.env.turns import Turn, check_format, check_no_tool_call, is_turn, read_turn
 from fleetenv.env.unclosed import watch, weak_callback
 from fleetenv.fleet.registry import install_signal_handlers
-from fleetenv.fleet.session import Session, default_session
+from fleetenv.fleet.session import Session
 from fleetenv.mcp.arguments import check_mode
 from fleetenv.mcp.error_rules import ToolErrorRule, decide, resolve_rule
 from fleetenv.mcp.notifications import ServerLogMessage, ToolProgressUpdate, ToolsListChanged
@@ -850,7 +850,7 @@ def _pick_session(session: Session | None, config: FleetConfig | None,
     if config is not None and (api_key is not None or base_url is not None):
         raise ConfigurationError("pass either config= or api_key=/base_url=, not both")
     if config is None and api_key is None and base_url is None:
-        return default_session(), False
+        return Session.shared(), False
     if config is not None:
         return Session(config), True
     return Session(api_key=api_key, base_url=base_url), True

@@ -105,19 +105,19 @@ class Observation:
 
     def _repr_html_(self) -> str:
         """Jupyter's rich display: step, tool, text, and screenshots as images."""
-        from fleetenv.reports.notebook import observation_html
+        from fleetenv.core.rendering import observation_html
 
         return observation_html(self)
 
     def _repr_png_(self) -> bytes | None:
         """The screenshot (the last PNG image) for frontends without HTML; else None."""
-        from fleetenv.reports.notebook import image_bytes
+        from fleetenv.core.rendering import image_bytes
 
         return image_bytes(self.content, "image/png")
 
     def _repr_jpeg_(self) -> bytes | None:
         """The last JPEG image, like ``_repr_png_``."""
-        from fleetenv.reports.notebook import image_bytes
+        from fleetenv.core.rendering import image_bytes
 
         return image_bytes(self.content, "image/jpeg")
 

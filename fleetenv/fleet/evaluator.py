@@ -20,7 +20,7 @@ that was never made), so a retry never starts a second job.
 
 On the embedded local Fleet the harness has no LLM: its models are ``"reference"``
 (replays the task's reference solution) and ``"noop"`` (does nothing), see
-``fleetenv.local.jobs``.
+``fleetenv.rollouts.harness``.
 """
 
 from __future__ import annotations
@@ -195,9 +195,9 @@ class Evaluator:
     @property
     def session(self) -> Session:
         if self._session is None:
-            from fleetenv.fleet.session import default_session
+            from fleetenv.fleet.session import Session
 
-            self._session = default_session()
+            self._session = Session.shared()
         return self._session
 
     @property

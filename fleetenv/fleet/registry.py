@@ -11,7 +11,7 @@ instances.
 SIGTERM and SIGHUP (a closed terminal, a dropped ssh session) are handled alike.
 ``signal.signal`` only works on the main thread, while the first instance is often
 created in a worker thread (``Runner``, async callers). So the handler is installed by
-:func:`install_signal_handlers`, which ``Session()``, ``default_session()``, ``Runner()``
+:func:`install_signal_handlers`, which ``Session()``, ``Session.shared()``, ``Runner()``
 and ``FleetEnv()`` call (they run where the user's code runs, usually the main thread,
 also in a process-pool worker); importing fleetenv changes no handler. On either signal
 the handler, without waiting for anything the process is doing:
@@ -242,7 +242,7 @@ def install_signal_handlers() -> None:
     (idempotent).
 
     Only the main thread can install a signal handler, so this is a no-op elsewhere;
-    fleetenv calls it from ``Session()``, ``default_session()``, ``Runner()`` and
+    fleetenv calls it from ``Session()``, ``Session.shared()``, ``Runner()`` and
     ``FleetEnv()``. A signal that is ignored (``SIG_IGN``: SIGHUP under ``nohup``) or
     handled outside Python is left alone. A Python handler installed before this one is
     called after fleetenv's cleanup has started; the default action becomes

@@ -32,8 +32,10 @@ What is *not* per session: Fleet's rate limits are per API key, so sessions usin
 key in one process share one :class:`~fleetenv.fleet.limits.KeyLimiter`; the embedded
 local Fleet is one server per process; and the one event-loop thread is per process.
 
-``FleetEnv(task)`` without ``session=`` uses the default session, created on first use
-from ``FLEET_API_KEY`` / ``FLEET_BASE_URL`` (see :func:`default_session`).
+Sessions shared by settings: :meth:`Session.shared` returns the process's one open
+session for equal settings. ``FleetEnv(task)`` without ``session=`` uses the shared
+session of the environment's settings (``FLEET_API_KEY`` / ``FLEET_BASE_URL``), and so
+do the adapters and worker processes that are handed settings rather than a session.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.client import FleetClient
     from fleetenv.fleet.provisioning import Instance, Provisioner
 
-__all__ = ["Session", "default_session"]
+__all__ = ["Session"]
 
 logger = logging.getLogger("fleetenv")
 
@@ -118,6 +120,30 @@ class Session:
         # Here, not at the first create: that often runs in a worker thread, and only the
         # main thread can install a signal handler.
         install_signal_handlers()
+
+    @classmethod
+    def shared(cls, config: FleetConfig | None = None, *, api_key: str | None = None,
+               base_url: str | None = None, **settings: Any) -> Session:
+        """The process's one open session for these settings (``config``, or the arguments
+        of :func:`~fleetenv.resolve_config`; none: the environment's), made on first use
+        and shared by every caller that asks with equal settings, so their caps hold
+        across all of them. A closed one, or one inherited through ``fork``, is replaced.
+        Like any session it deletes its instances when closed, at the latest at exit.
+
+        Settings are equal when their ``FleetConfig`` is: two API keys are two sessions
+        (compared by value, never shown)."""
+        if config is None:
+            config = resolve_config(api_key=api_key, base_url=base_url, **settings)
+        elif api_key is not None or base_url is not None or settings:
+            raise ConfigurationError(
+                "pass either a config or settings (api_key=, base_url=, ...), not both",
+                hint="apply changes with config.replace(...)")
+        install_signal_handlers()  # the first shared session is often made in a worker
+        with _shared_lock:
+            session = _shared.get(config)
+            if session is None or session.closed or session._pid != os.getpid():
+                session = _shared[config] = cls(config)
+            return session
 
     def __repr__(self) -> str:
         where = "local" if self.config.use_local else self.config.base_url
@@ -249,20 +275,5 @@ class Session:
         return self.provisioner.sweep_tag(run_tag or self.run_tag)
 
 
-_default_lock = threading.Lock()
-_default: Session | None = None
-
-
-def default_session() -> Session:
-    """The session ``FleetEnv(task)`` uses without ``session=``, created on first use
-    from the environment (``FLEET_API_KEY``, ``FLEET_BASE_URL``; no key: local Fleet).
-
-    A closed default session, or one inherited through ``fork``, is replaced.
-    """
-    global _default
-    install_signal_handlers()
-    with _default_lock:
-        current = _default
-        if current is None or current.closed or current._pid != os.getpid():
-            current = _default = Session()
-        return current
+_shared_lock = threading.Lock()
+_shared: dict[FleetConfig, Session] = {}  # Session.shared(), by settings

@@ -12,9 +12,9 @@ against it, and MCP clients list and call tools on it, exactly as they would on 
         mcp_url = f"{env.urls.root}mcp"              # app tools; computer: {root}api/v1/mcp
         env.close()
 
-It imports nothing else of fleetenv to serve Fleet's API (only the task and harness-job
-routes, which check tasks with fleetenv's model and run jobs with fleetenv's own rollouts,
-import the client, when first used), and importing this package is cheap: mcp, uvicorn
+It sits on top of fleetenv and imports none of the stack that talks to it (only the plain
+task model of ``fleetenv.core``, to check imported tasks): what runs harness jobs is
+given to it, ``LocalFleet(harness=...)``. Importing this package is cheap: mcp, uvicorn
 and fleet-python are imported when a server starts.
 
 Layout of one server (one port; ``{root}`` = ``{base_url}/instances/{id}/``):
@@ -124,8 +124,8 @@ Also served: browser leases (``/v1/browser``, each with its own MCP endpoint:
 ``fleetenv.local.leases``), traces (``/v1/traces/*``, ``/v1/sessions/ingest``, and a
 browsable page at ``/traces``: ``fleetenv.local.traces``), task import and harness jobs
 (``/v1/tasks``, ``/v1/jobs``, ``/v1/sessions/job/{id}``: ``fleetenv.local.jobs``, which
-runs jobs with fleetenv's own rollouts, imported when a job runs). Heartbeats extend an
-instance's TTL. Not modelled: the judge routes answer 501.
+runs jobs with the harness it was given; without one, a job is refused with a 501).
+Heartbeats extend an instance's TTL. Not modelled: the judge routes answer 501.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class LocalFleetApp:
         self._control = control_plane.build_router(state)
         self._manager = manager_api.build_router(state.config)
         self._admin = admin.build_router(state)
-        self._trace_pages = traces.TracePages(state)  # /traces: view key, not the token
+        self._trace_pages = traces.TracePages(state.traces, state.config.token)  # by view key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

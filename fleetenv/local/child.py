@@ -22,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--apps", default=None)
+    parser.add_argument("--harness", default=None)
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--ttl-seconds", type=int, default=3600)
     parser.add_argument("--verifier-timeout", type=float, default=30.0)
@@ -51,6 +52,7 @@ def main() -> int:
         verifier_workers=args.verifier_workers,
         verifier_workers_max=args.verifier_workers_max,
         instance_limit=args.instance_limit,
+        harness=args.harness,
     )
     with fleet:
         sys.stdout.write(json.dumps({"base_url": fleet.base_url}) + "\n")

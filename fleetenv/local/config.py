@@ -1,4 +1,5 @@
-"""Settings of one local Fleet, and the checks that keep it on loopback.
+"""Settings of one local Fleet, what it is given (apps, a harness), and the checks that
+keep it on loopback.
 
 One frozen object carries every knob so the in-process server, the subprocess server and
 the ``fleetenv serve`` command are configured the same way and cannot drift.
@@ -9,9 +10,9 @@ from __future__ import annotations
 import importlib
 import ipaddress
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
     from fleetenv.local.apps.base import AppSpec
@@ -21,6 +22,25 @@ LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
 
 class LocalFleetError(RuntimeError):
     """The local Fleet could not start, stop or answer an inspection request."""
+
+
+class Harness(Protocol):
+    """What runs the sessions of one harness job (``fleetenv.local.jobs``), given by whoever
+    builds the local Fleet from the top: the local Fleet never imports the stack."""
+
+    def run(self, *, base_url: str, token: str, task: dict[str, Any], model: str,
+            modality: str | None, max_steps: int | None) -> dict[str, Any]:
+        """One session as one episode, blocking: ``{"turns", "verifier"}`` (a
+        ``verifier_execution``), or ``{"turns", "error"}`` when it failed."""
+        ...
+
+    def cancel(self) -> None:
+        """Close every episode of the job now (ends any tool call in flight)."""
+        ...
+
+
+#: Makes the harness of one job (``LocalFleet(harness=...)``).
+HarnessFactory = Callable[[], Harness]
 
 
 @dataclass(frozen=True)
@@ -106,25 +126,29 @@ def resolve_apps(apps: Mapping[str, AppSpec] | str | None) -> dict[str, AppSpec]
     (the only form a subprocess server can receive).
     """
     if apps is None:
-        try:
-            module = importlib.import_module("fleetenv.local.apps")
-        except ImportError as exc:
-            raise LocalFleetError(
-                f"the bundled sample apps could not be imported ({exc}); pass apps=..."
-            ) from exc
-        found = getattr(module, "APPS", None)
-        if not found:
-            raise LocalFleetError(
-                "fleetenv.local.apps defines no APPS registry yet; pass apps={key: AppSpec}"
-            )
-        return dict(found)
+        from fleetenv.local.apps import APPS
+
+        return dict(APPS)
     if isinstance(apps, str):
-        module_name, _, attr = apps.partition(":")
-        if not module_name or not attr:
-            raise LocalFleetError(f"apps={apps!r} must look like 'package.module:ATTRIBUTE'")
-        try:
-            found = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise LocalFleetError(f"cannot load apps from {apps!r}: {exc}") from exc
-        return dict(found)
+        return dict(load_by_path(apps, "apps"))
     return dict(apps)
+
+
+def resolve_harness(harness: HarnessFactory | str | None) -> HarnessFactory | None:
+    """The ``harness=`` argument as a factory: a string is ``"package.module:ATTRIBUTE"``
+    (the only form a subprocess server can receive); ``None``: no harness jobs."""
+    if isinstance(harness, str):
+        factory: HarnessFactory = load_by_path(harness, "harness")
+        return factory
+    return harness
+
+
+def load_by_path(path: str, what: str) -> Any:
+    """The object ``"package.module:ATTRIBUTE"`` names (for ``what=``)."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise LocalFleetError(f"{what}={path!r} must look like 'package.module:ATTRIBUTE'")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise LocalFleetError(f"cannot load {what} from {path!r}: {exc}") from exc

@@ -50,7 +50,7 @@ def build_router(state: LocalFleetState) -> Router:
             Route("/v1/verifiers/check", routes.verifier_check, methods=["GET"]),
             Route("/v1/verifiers/execute", routes.verifier_execute, methods=["POST"]),
             *leases.routes(state),  # browser leases (fleetenv.local.leases)
-            *TraceRoutes(state).routes(),
+            *TraceRoutes(state.traces).routes(),
             *JobRoutes(state).routes(),  # task import, harness jobs (fleetenv.local.jobs)
         ],
         default=not_implemented,

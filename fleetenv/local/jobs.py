@@ -18,11 +18,12 @@ Routes (wire format of fleet-python 0.2.133's ``import_single_task``, ``create_j
 Fleet's harness runs a model on each session. There is no model here, so the local
 harness offers two *models* that need none: ``reference`` replays the task's
 ``metadata.reference_solution`` and ``noop`` finishes at once without acting (a policy
-that scores 0 on any task that asks for a change). A session is one real episode through
-fleetenv's own rollout machinery (``fleetenv.run_episode`` with a scripted policy), run
-in a worker thread of this server against this server over HTTP and MCP, exactly as any
-client would run it; it is the one place the local Fleet uses the stack, imported only
-when a job runs, because Fleet's harness is itself a client of its instances.
+that scores 0 on any task that asks for a change). A session is one real episode, run in
+a worker thread of this server against this server over HTTP and MCP, exactly as any
+client would run it, by the :class:`~fleetenv.local.config.Harness` this Fleet was given
+(``LocalFleet(harness=...)``: fleetenv's is ``fleetenv.rollouts.harness.ScriptedHarness``);
+the local Fleet never imports the stack that runs episodes. Without one, creating a job
+is refused with a 501 that says so.
 
 Bounds: at most ``max_concurrent_per_model`` sessions of a job at once (capped at
 :data:`MAX_CONCURRENT_SESSIONS`), ``max_duration_minutes`` per job (then its unfinished
@@ -34,9 +35,9 @@ with the first failure as its ``error``; otherwise ``completed``.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from fleetenv.local.config import Harness
 from fleetenv.local.instances import iso
 from fleetenv.local.state import LocalFleetState
 from fleetenv.local.wire import ControlPlaneError, guarded, json_body
@@ -55,8 +57,6 @@ __all__ = ["LOCAL_MODELS", "MAX_CONCURRENT_SESSIONS", "JobRoutes"]
 LOCAL_MODELS = ("reference", "noop")
 #: Sessions of one job that run at once, whatever the request asks.
 MAX_CONCURRENT_SESSIONS = 4
-#: How long a session may try to get an instance (transient failures are retried).
-HARNESS_PROVISION_BUDGET_S = 60.0
 #: Job modes (``JobCreateRequest.mode``) and the task modality each runs.
 _MODES = {"tool-use": "tool_use", "computer-use": "computer_use",
           "browser-use": "browser_use"}
@@ -206,6 +206,10 @@ class JobRoutes:
     # ----- jobs ---------------------------------------------------------------------------
 
     async def create_job(self, request: Request) -> Response:
+        if self.state.harness is None:
+            raise ControlPlaneError(501, "this local Fleet runs no harness jobs: it was "
+                                    "built without a harness (LocalFleet(harness=...), "
+                                    "e.g. fleetenv.rollouts.harness.ScriptedHarness)")
         body = await json_body(request)
         models = body.get("models")
         if not isinstance(models, list) or not models:
@@ -238,7 +242,7 @@ class JobRoutes:
                         session_id=f"sess-{secrets.token_hex(6)}", task_key=task["key"],
                         model=model, sample=sample, created_at=job.created_at))
         self.jobs[job.job_id] = job
-        self.state.task_group.start_soon(self._run_job, job)
+        self.state.task_group.start_soon(self._run_job, job, self.state.harness())
         return JSONResponse({"job_id": job.job_id, "workflow_job_id": None,
                              "status": job.status, "name": job.name})
 
@@ -305,11 +309,8 @@ class JobRoutes:
 
     # ----- the harness --------------------------------------------------------------------
 
-    async def _run_job(self, job: LocalJob) -> None:
-        from fleetenv.rollouts.rollout import CancelToken
-
+    async def _run_job(self, job: LocalJob, harness: Harness) -> None:
         job.status = "running"
-        cancel = CancelToken()
         limiter = anyio.CapacityLimiter(job.concurrency)
         tasks = {task["key"]: task for task in job.tasks}
         finished = False
@@ -318,13 +319,13 @@ class JobRoutes:
                 async with anyio.create_task_group() as group:
                     for session in job.sessions:
                         group.start_soon(self._run_session, job, session,
-                                         tasks[session.task_key], cancel, limiter)
+                                         tasks[session.task_key], harness, limiter)
             finished = True
         finally:
             if not finished:  # cancelled (the server stops): close the episodes
-                cancel.cancel()
+                harness.cancel()
         if scope.cancelled_caught:
-            cancel.cancel()
+            harness.cancel()
             for session in job.sessions:
                 if session.status in ("pending", "running"):
                     session.status, session.ended_at = "failed", time.time()
@@ -340,11 +341,13 @@ class JobRoutes:
             job.status = "completed"
 
     async def _run_session(self, job: LocalJob, session: LocalSession, task: dict[str, Any],
-                           cancel: Any, limiter: anyio.CapacityLimiter) -> None:
+                           harness: Harness, limiter: anyio.CapacityLimiter) -> None:
         async with limiter:
             session.status, session.started_at = "running", time.time()
-            run = _episode_runner(self.state.base_url, self.state.config.token, task,
-                                  session.model, job.modality, job.max_steps, cancel)
+            run = functools.partial(harness.run, base_url=self.state.base_url,
+                                    token=self.state.config.token, task=task,
+                                    model=session.model, modality=job.modality,
+                                    max_steps=job.max_steps)
             try:
                 outcome = await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
             except Exception as exc:  # the harness itself broke: this session failed
@@ -354,45 +357,6 @@ class JobRoutes:
             session.verifier = outcome.get("verifier")
             session.error = outcome.get("error")
             session.status = "failed" if session.error else "completed"
-
-
-def _episode_runner(base_url: str, token: str, task: dict[str, Any], model: str,
-                    modality: str | None, max_steps: int | None,
-                    cancel: Any) -> Callable[[], dict[str, Any]]:
-    """One session as a blocking function for a worker thread: a real episode through
-    fleetenv's rollout machinery, on a private session against this server."""
-
-    def run() -> dict[str, Any]:
-        from fleetenv.core.tasks import Task
-        from fleetenv.fleet.session import Session
-        from fleetenv.rollouts.policy import ScriptedPolicy
-        from fleetenv.rollouts.rollout import run_episode
-
-        fields = dict(task)
-        if modality is not None:
-            fields.pop("task_modality", None)
-            fields["modality"] = modality
-        policy = ScriptedPolicy.reference() if model == "reference" else ScriptedPolicy([])
-        with Session(api_key=token, base_url=base_url,
-                     provision_budget_s=HARNESS_PROVISION_BUDGET_S) as session:
-            result = run_episode(Task(**fields), policy, session=session,
-                                 max_steps=max_steps, cancel=cancel)
-        if result.error is not None:
-            return {"turns": result.turns,
-                    "error": f"{result.error['type']}: {result.error['message']}"}
-        verify_ms = int(1000 * result.timings.get("verify_s", 0.0))
-        graded = result.graded
-        return {"turns": result.turns, "verifier": {
-            "success": graded,
-            "score": result.verifier_score if graded else None,
-            "stdout": result.verifier_stdout,
-            "execution_time_ms": verify_ms,
-            "result": result.reward,
-            "execution_id": result.verifier_execution_id,
-            "error": result.verifier_error,
-        }}
-
-    return run
 
 
 def _in_fleet_names(body: dict[str, Any], canonical: dict[str, Any]) -> dict[str, Any]:
@@ -406,8 +370,6 @@ def _in_fleet_names(body: dict[str, Any], canonical: dict[str, Any]) -> dict[str
            if not any(k in ALIASES[field] for field in names)}
     out.update({fleet_name: canonical[field] for field, fleet_name in names.items()})
     return out
-
-
 
 
 def _positive_int(body: dict[str, Any], name: str, default: int) -> int:

@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from fleetenv.local.config import (
+    HarnessFactory,
     LocalFleetConfig,
     LocalFleetError,
     check_bind_host,
     resolve_apps,
+    resolve_harness,
 )
 
 if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
@@ -105,6 +107,9 @@ class LocalFleet:
     ``require_mcp_auth``: instances' MCP endpoints answer 401 without the API key
     (``Authorization: Bearer <token>``).
     (A subprocess server, ``in_process=False``, always uses the defaults of these five.)
+    ``harness``: what runs harness jobs (``POST /v1/jobs``), called once per job
+    (fleetenv's: ``fleetenv.rollouts.harness.ScriptedHarness``), or its import path
+    ``"module:ATTR"`` (the only form ``in_process=False`` accepts); None: jobs are refused.
     """
 
     def __init__(
@@ -128,14 +133,16 @@ class LocalFleet:
         browser: bool = True,
         chromium: str | None = None,
         require_mcp_auth: bool = False,
+        harness: HarnessFactory | str | None = None,
     ) -> None:
         check_bind_host(host, allow_non_loopback)
-        if not in_process and apps is not None and not isinstance(apps, str):
+        if not in_process and any(v is not None and not isinstance(v, str)
+                                  for v in (apps, harness)):
             raise LocalFleetError(
-                "in_process=False can only load apps by import path ('package.module:ATTR'), "
-                "not from a mapping of objects"
-            )
+                "in_process=False can only load apps and a harness by import path "
+                "('package.module:ATTR'), not from objects")
         self._apps = apps
+        self._harness = harness
         self.token = token or secrets.token_urlsafe(24)
         self.config = LocalFleetConfig(
             host=host, port=port, token=self.token, log_level=log_level,
@@ -191,7 +198,7 @@ class LocalFleet:
         from fleetenv.local.server import ServerThread, quiet_loggers
 
         quiet_loggers(self.config.log_level)
-        server = ServerThread(self.config, apps)
+        server = ServerThread(self.config, apps, resolve_harness(self._harness))
         server.start(self.startup_timeout)
         self._server = server
         self.base_url = server.base_url
@@ -214,6 +221,8 @@ class LocalFleet:
         ]
         if isinstance(self._apps, str):
             command += ["--apps", self._apps]
+        if isinstance(self._harness, str):
+            command += ["--harness", self._harness]
         if c.allow_non_loopback:
             command.append("--allow-non-loopback")
         child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

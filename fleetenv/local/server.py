@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from fleetenv.local.asgi import LocalFleetApp
-from fleetenv.local.config import LocalFleetConfig, LocalFleetError, bind_socket
+from fleetenv.local.config import HarnessFactory, LocalFleetConfig, LocalFleetError, bind_socket
 from fleetenv.local.state import LocalFleetState
 
 if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
@@ -41,7 +41,8 @@ def quiet_loggers(level: str) -> None:
 class ServerThread:
     """One uvicorn server on a pre-bound socket, started and stopped from any thread."""
 
-    def __init__(self, config: LocalFleetConfig, apps: dict[str, AppSpec]) -> None:
+    def __init__(self, config: LocalFleetConfig, apps: dict[str, AppSpec],
+                 harness: HarnessFactory | None = None) -> None:
         self.config = config
         self.workdir = Path(tempfile.mkdtemp(prefix="fleetenv-local-"))
         # A caller that never stops us still gets its temporary files removed at exit.
@@ -54,7 +55,7 @@ class ServerThread:
             port = self._sock.getsockname()[1]
             url_host = f"[{config.host}]" if ":" in config.host else config.host
             self.base_url = f"http://{url_host}:{port}"
-            self.state = LocalFleetState(config, apps, self.workdir)
+            self.state = LocalFleetState(config, apps, self.workdir, harness)
             self.state.base_url = self.base_url
             self.app = LocalFleetApp(self.state)
             self.server = uvicorn.Server(uvicorn.Config(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 
-from fleetenv.local.config import LocalFleetConfig
+from fleetenv.local.config import HarnessFactory, LocalFleetConfig
 from fleetenv.local.faults import FaultRegistry
 from fleetenv.local.instances import Instance, InstanceStore
 from fleetenv.local.mcp_host import ToolGate, inject_output
@@ -40,9 +40,11 @@ class ToolCallLog:
 
 
 class LocalFleetState:
-    def __init__(self, config: LocalFleetConfig, apps: dict[str, AppSpec], workdir: Path) -> None:
+    def __init__(self, config: LocalFleetConfig, apps: dict[str, AppSpec], workdir: Path,
+                 harness: HarnessFactory | None = None) -> None:
         self.config = config
         self.apps = apps
+        self.harness = harness  # runs harness jobs (fleetenv.local.jobs); None: refused
         self.workdir = workdir
         self.base_url = ""
         self.faults = FaultRegistry()

@@ -37,7 +37,7 @@ import itertools
 import secrets
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from starlette.requests import Request
@@ -47,9 +47,6 @@ from starlette.types import Receive, Scope, Send
 
 from fleetenv.local.instances import iso
 from fleetenv.local.wire import BadBody, ControlPlaneError, guarded, header, json_body
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.local.state import LocalFleetState
 
 #: Largest request body a trace route accepts (a transcript with screenshots inline).
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -207,14 +204,11 @@ def _session_fields(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class TraceRoutes:
-    """The ``/v1`` trace routes; ``control_plane.build_router`` lists them."""
+    """The ``/v1`` trace routes over the server's store; ``control_plane.build_router``
+    lists them."""
 
-    def __init__(self, state: LocalFleetState) -> None:
-        self.state = state
-
-    @property
-    def store(self) -> TraceStore:
-        return trace_store(self.state)
+    def __init__(self, store: TraceStore) -> None:
+        self.store = store
 
     def routes(self) -> list[Route]:
         return [
@@ -271,12 +265,6 @@ class TraceRoutes:
         return JSONResponse(self.store.session(request.path_params["session_id"]))
 
 
-def trace_store(state: LocalFleetState) -> TraceStore:
-    """The server's trace store (one per server, created with its state)."""
-    store: TraceStore = state.traces
-    return store
-
-
 async def _bounded_body(request: Request) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -303,8 +291,9 @@ img{max-width:100%;border:1px solid #ccc}.meta{color:#555;font-size:.9em}
 class TracePages:
     """``/traces``: jobs; ``/traces/jobs/{id}``: sessions; ``/traces/sessions/{id}``."""
 
-    def __init__(self, state: LocalFleetState) -> None:
-        self.state = state
+    def __init__(self, store: TraceStore, token: str) -> None:
+        self.store = store
+        self._view_key = view_key(token)
         self._router = Router(routes=[
             Route("/traces", self.jobs_page, methods=["GET"]),
             Route("/traces/", self.jobs_page, methods=["GET"]),
@@ -315,8 +304,7 @@ class TracePages:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope)
         key = request.query_params.get("key", "")
-        expected = view_key(self.state.config.token)
-        if not hmac.compare_digest(key.encode(), expected.encode()):
+        if not hmac.compare_digest(key.encode(), self._view_key.encode()):
             page = _page("Trace viewer", "<p>This page needs its view key: open the link "
                          "<code>fleetenv serve</code> printed (<code>/traces?key=...</code>)."
                          "</p>", status=401)
@@ -325,23 +313,21 @@ class TracePages:
         await self._router(scope, receive, send)
 
     def _key(self) -> str:
-        return quote(view_key(self.state.config.token))
+        return quote(self._view_key)
 
     async def jobs_page(self, request: Request) -> Response:
-        store = trace_store(self.state)
         rows = "".join(
             f"<tr><td><a href=\"/traces/jobs/{quote(j['job_id'])}?key={self._key()}\">"
             f"{_e(j['name'])}</a></td><td>{_e(j['job_id'])}</td><td>{_e(j['created_at'])}"
-            f"</td><td>{len(store.job_sessions(j['job_id']))}</td></tr>"
-            for j in reversed(list(store.jobs.values())))
+            f"</td><td>{len(self.store.job_sessions(j['job_id']))}</td></tr>"
+            for j in reversed(list(self.store.jobs.values())))
         body = ("<table><tr><th>job</th><th>id</th><th>created</th><th>sessions</th></tr>"
                 f"{rows}</table>" if rows else "<p>No trace jobs yet.</p>")
         return _page("Trace jobs", body)
 
     async def job_page(self, request: Request) -> Response:
-        store = trace_store(self.state)
         try:
-            job = store.job(request.path_params["job_id"])
+            job = self.store.job(request.path_params["job_id"])
         except ControlPlaneError as exc:
             return _page("Not found", f"<p>{_e(exc.detail)}</p>", status=404)
         rows = "".join(
@@ -349,16 +335,15 @@ class TracePages:
             f"\">{_e(s.get('task_key') or s['session_id'])}</a></td><td>{_e(s.get('model'))}"
             f"</td><td>{_e(s.get('status'))}</td><td>{_e(_score(s))}</td>"
             f"<td>{len(s['messages'])}</td></tr>"
-            for s in store.job_sessions(job["job_id"]))
+            for s in self.store.job_sessions(job["job_id"]))
         body = (f"<p><a href=\"/traces?key={self._key()}\">all jobs</a></p>"
                 "<table><tr><th>task</th><th>model</th><th>status</th><th>score</th>"
                 f"<th>messages</th></tr>{rows}</table>")
         return _page(f"Job {job['name']}", body)
 
     async def session_page(self, request: Request) -> Response:
-        store = trace_store(self.state)
         try:
-            session = store.session(request.path_params["session_id"])
+            session = self.store.session(request.path_params["session_id"])
         except ControlPlaneError as exc:
             return _page("Not found", f"<p>{_e(exc.detail)}</p>", status=404)
         facts = "".join(

@@ -10,8 +10,9 @@ are built on these; in Python::
 
 from __future__ import annotations
 
+from fleetenv.core.rendering import OUTCOMES, outcome_of
 from fleetenv.reports.compare import Comparison, TaskDelta, compare_runs
-from fleetenv.reports.data import OUTCOMES, RunData, TaskStats, ToolStats, load_run, outcome_of
+from fleetenv.reports.data import RunData, TaskStats, ToolStats, load_run
 from fleetenv.reports.html import render_html, write_html
 
 __all__ = [

@@ -21,29 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from fleetenv.core.errors import ConfigurationError
+from fleetenv.core.rendering import OUTCOMES, outcome_of
 from fleetenv.rollouts.rollout import RolloutResult
 
-__all__ = [
-    "OUTCOMES",
-    "RunData",
-    "TaskStats",
-    "ToolStats",
-    "load_run",
-    "outcome_of",
-]
-
-#: Every episode has exactly one outcome; the report filters on these.
-OUTCOMES = ("passed", "failed", "ungraded", "error")
-
-
-def outcome_of(result: RolloutResult) -> str:
-    """``error`` (the rollout failed), ``passed`` (graded, reward >= 1), ``failed``
-    (graded, below 1) or ``ungraded`` (the verifier could not grade it)."""
-    if result.error is not None:
-        return "error"
-    if result.graded and result.reward is not None:
-        return "passed" if result.passed else "failed"
-    return "ungraded"
+__all__ = ["RunData", "TaskStats", "ToolStats", "load_run"]
 
 
 def _mean(values: list[float]) -> float | None:

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from fleetenv.core.redaction import scrub_secrets
+from fleetenv.core.rendering import OUTCOMES, ImageBudget, outcome_of, render_transcript
 from fleetenv.reports.assets import CSS, SCRIPT, content_security_policy
-from fleetenv.reports.data import OUTCOMES, RunData, outcome_of
+from fleetenv.reports.data import RunData
 from fleetenv.reports.plots import Bar, bar_chart, histogram
-from fleetenv.reports.transcript import ImageBudget, render_transcript
 from fleetenv.rollouts.metrics import percentile, summarize
 from fleetenv.rollouts.rollout import RolloutResult
 

@@ -37,13 +37,11 @@ from fleetenv.rollouts.policy import (
     CallablePolicy,
     Policy,
     PolicyContext,
-    PolicySpec,
     Reply,
     ScriptedPolicy,
-    as_policy,
-    parse_policy_spec,
     to_reply,
 )
+from fleetenv.rollouts.policy_spec import PolicySpec, as_policy, parse_policy_spec
 from fleetenv.rollouts.rollout import CancelToken, Episode, RolloutResult
 from fleetenv.runtime import loop as runtime
 

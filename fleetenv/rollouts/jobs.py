@@ -13,9 +13,7 @@ so a worker process can import it; a lambda or a closure cannot cross.
 
 from __future__ import annotations
 
-import os
 import pickle
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +26,8 @@ from fleetenv.core.redaction import redact
 from fleetenv.core.tasks import Task
 from fleetenv.core.vocabulary import StopReason
 from fleetenv.fleet.session import Session
-from fleetenv.rollouts.policy import Policy, PolicyContext, PolicySpec
+from fleetenv.rollouts.policy import Policy, PolicyContext
+from fleetenv.rollouts.policy_spec import PolicySpec
 from fleetenv.rollouts.rollout import CancelToken, RolloutResult, run_episode
 
 __all__ = [
@@ -148,23 +147,15 @@ def blame_cancellation(result: RolloutResult) -> None:
             result.error = {"type": "RolloutCancelled", "message": "the run was cancelled"}
 
 
-_worker_lock = threading.Lock()
-_worker_sessions: dict[tuple[int, str | None], Session] = {}
-
-
 def worker_session(settings: RolloutSettings) -> Session:
-    """The session a worker process runs a run's rollouts on: one per run (keyed by its
-    tag), built from the settings the runner sent, so the run's caps and budgets hold
-    in every worker. Closed at interpreter exit with the process's other sessions."""
-    key = (os.getpid(), settings.run_tag)
-    with _worker_lock:
-        session = _worker_sessions.get(key)
-        if session is None or session.closed:
-            session = _worker_sessions[key] = Session(settings.effective_config())
-            # The run's tag is shared with the other workers: sweeping it from here could
-            # delete their live instances. The runner sweeps it after the last rollout.
-            session.provisioner.sweeps_shared_tags = False
-        return session
+    """The session a worker process runs a run's rollouts on: the shared session of the
+    settings the runner sent (one per run: they carry its tag), so the run's caps and
+    budgets hold in every worker. Closed at interpreter exit with the other sessions."""
+    session = Session.shared(settings.effective_config())
+    # The run's tag is shared with the other workers: sweeping it from here could delete
+    # their live instances. The runner sweeps it after the last rollout.
+    session.provisioner.sweeps_shared_tags = False
+    return session
 
 
 def run_job_collecting_events(job: RolloutJob) -> JobOutcome:

@@ -200,9 +200,9 @@ class Summary:
 
     def _repr_html_(self) -> str:
         """Jupyter's rich display of the table."""
-        from fleetenv.reports.notebook import summary_html
+        from fleetenv.core.rendering import summary_html
 
-        return summary_html(self)
+        return summary_html(self.format_table())
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -100,7 +100,7 @@ from fleetenv.rollouts.jobs import (
     describe_policy,
     failed_result,
 )
-from fleetenv.rollouts.policy import PolicySpec, parse_policy_spec
+from fleetenv.rollouts.policy_spec import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
 from fleetenv.rollouts.ray_actors import LiveInstanceCap, RolloutWorker
 from fleetenv.rollouts.rollout import RolloutResult

@@ -24,7 +24,8 @@ from fleetenv.env.actions import Action
 from fleetenv.env.argument_hints import task_type_error
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.env.observation import Observation
-from fleetenv.rollouts.policy import Policy, PolicyContext, Reply, as_policy
+from fleetenv.rollouts.policy import Policy, PolicyContext, Reply
+from fleetenv.rollouts.policy_spec import as_policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.session import Session
@@ -116,7 +117,7 @@ class RolloutResult:
 
     def _repr_html_(self) -> str:
         """Jupyter's rich display: outcome, reward, timings, a collapsible transcript."""
-        from fleetenv.reports.notebook import result_html
+        from fleetenv.core.rendering import result_html
 
         return result_html(self)
 

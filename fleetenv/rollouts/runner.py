@@ -125,7 +125,7 @@ from fleetenv.rollouts.jobs import (
     run_job,
     run_job_collecting_events,
 )
-from fleetenv.rollouts.policy import PolicySpec, parse_policy_spec
+from fleetenv.rollouts.policy_spec import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
 from fleetenv.rollouts.rollout import CancelToken, RolloutResult
 from fleetenv.rollouts.runner_async import in_thread, iterate_async, take_slot_async

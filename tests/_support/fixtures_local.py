@@ -1,7 +1,8 @@
 """Fixtures for tests that need an embedded Fleet (``fleetenv.local``).
 
 * ``local_fleet`` (session): a ``LocalFleet`` serving the bundled sample apps
-  (``fleetenv.local.apps.APPS``), or the tiny ``notes`` app below until those exist.
+  (``fleetenv.local.apps.APPS``), or the tiny ``notes`` app below until those exist, with
+  fleetenv's harness for its harness jobs.
 * ``notes_fleet`` (session): a ``LocalFleet`` serving only the ``notes`` app, for tests
   of the host itself that must not depend on the sample apps.
 * ``local_faults`` / ``notes_faults`` (function): the fleet's ``Faults``, cleared before
@@ -26,6 +27,7 @@ from mcp.server.mcpserver import Image
 
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps.base import AppSpec, DbFactory
+from fleetenv.rollouts.harness import ScriptedHarness
 
 __all__ = [
     "NOTES_APP",
@@ -128,7 +130,8 @@ def _bundled_apps_or_notes() -> dict[str, AppSpec] | None:
 
 @pytest.fixture(scope="session")
 def local_fleet() -> Iterator[LocalFleet]:
-    with LocalFleet(apps=_bundled_apps_or_notes(), verifier_timeout=10.0) as fleet:
+    with LocalFleet(apps=_bundled_apps_or_notes(), verifier_timeout=10.0,
+                    harness=ScriptedHarness) as fleet:
         yield fleet
 
 

@@ -1,4 +1,4 @@
-"""Generate the bundled tasks, ``fleetenv/local/apps/tasks.json``, from the sample apps.
+"""Generate the bundled tasks, ``fleetenv/core/bundled_tasks.json``, from the sample apps.
 
 The 25 tasks for the ``helpdesk`` and ``shop`` sample apps are not written by hand: their ids,
 counts, amounts and expected stock levels are queried from the apps' deterministic seed data,
@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fleetenv.local.apps import APPS, AppSpec, DbFactory, bundled_tasks_path
+from fleetenv import bundled_tasks_path
+from fleetenv.local.apps import APPS, AppSpec, DbFactory
 from fleetenv.local.apps.computer import ComputerSession, Screen
 from fleetenv.local.apps.grading_tasks import grading_tasks
 from fleetenv.local.apps.helpdesk.ui import HelpdeskScreen
@@ -283,12 +284,12 @@ def _grading_base() -> Task:
 
 
 def main() -> None:
-    """Rewrite the bundled tasks.json."""
+    """Rewrite the bundled tasks file."""
     bundled_tasks_path().write_text(json.dumps(build_tasks(), indent=2) + "\n")
 
 
 def _helpdesk_tasks(g: _Generator) -> None:
-    """Add the helpdesk tasks, in the order they appear in tasks.json."""
+    """Add the helpdesk tasks, in the order they appear in the bundled tasks file."""
     daniel = g.q1(H, "SELECT id, name, email FROM agents WHERE name = 'Daniel Kim'")
     tid, subject = g.q(H, "SELECT id, subject FROM tickets WHERE status = 'open' AND priority = "
                           "'normal' AND assignee_id IS NULL AND subject LIKE 'API returns%' "
@@ -632,7 +633,7 @@ def _helpdesk_tasks(g: _Generator) -> None:
 
 
 def _shop_tasks(g: _Generator) -> None:
-    """Add the shop tasks, in the order they appear in tasks.json."""
+    """Add the shop tasks, in the order they appear in the bundled tasks file."""
     refund_oid, refund_total = g.q(S, """SELECT o.id, o.total_cents FROM orders o WHERE o.status =
         'delivered' AND (SELECT COUNT(*) FROM order_items WHERE order_id = o.id) = 2 AND NOT EXISTS
         (SELECT 1 FROM refunds WHERE order_id = o.id) ORDER BY o.id""")[0]

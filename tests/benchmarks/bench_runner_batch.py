@@ -25,13 +25,12 @@ import json
 import statistics
 import time
 
-from fleetenv import runtime
+from fleetenv import bundled_tasks_path, runtime
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.policy import ScriptedPolicy
 from fleetenv.rollouts.runner import Runner
 

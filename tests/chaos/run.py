@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import fleetenv
+from fleetenv import bundled_tasks_path
 from fleetenv.core.event_bus import EventBus
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
 from fleetenv.rollouts.rollout import RolloutResult
 from fleetenv.rollouts.runner import Runner

@@ -23,9 +23,9 @@ import time
 from itertools import cycle, islice
 
 import fleetenv
+from fleetenv import bundled_tasks_path
 from fleetenv.core.event_bus import EventBus
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.runner import Runner
 
 RSS_LIMIT_MB = 20.0

@@ -22,7 +22,7 @@ from fleetenv.adapters.openenv.rendering import legacy_value
 from fleetenv.core.errors import ConfigurationError, InvalidActionError
 from fleetenv.core.vocabulary import Modality
 from fleetenv.env.driver import Blocking, Plan, run_async
-from fleetenv.fleet.session import Session, default_session
+from fleetenv.fleet.session import Session
 from fleetenv.mcp.results import DEFAULT_MAX_TEXT_CHARS
 from fleetenv.mcp.router import Endpoint, ToolRouter
 
@@ -180,7 +180,7 @@ class FleetEnvClient:
         owns = session is None and (api_key is not None or base_url is not None)
         if session is None:
             session = Session(api_key=api_key, base_url=base_url) if owns else (
-                default_session())
+                Session.shared())
         modality = Modality.COMPUTER_USE if image_type == "mcp" else Modality.TOOL_USE
         request = ProvisionRequest(env_key=env_key, env_version=env_version,
                                    data_key=data_key, data_version=data_version,

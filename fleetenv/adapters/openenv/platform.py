@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -85,23 +84,12 @@ class ContextManager:
 
 # ---------------------------------------------------------------------- sessions
 
-_sessions: dict[str | None, Any] = {}
-_sessions_lock = threading.Lock()
-
-
 def _session_for(api_key: str | None) -> Any:
-    """One session per API key for the module-level functions (the original opened a
-    client per call); ``None``: fleetenv's default session (``FLEET_API_KEY``, or the
-    embedded local Fleet)."""
-    from fleetenv.fleet.session import Session, default_session
+    """The shared session of an API key for the module-level functions (the original
+    opened a client per call); ``None``: ``FLEET_API_KEY``, or the embedded local Fleet."""
+    from fleetenv.fleet.session import Session
 
-    if api_key is None:
-        return default_session()
-    with _sessions_lock:
-        session = _sessions.get(api_key)
-        if session is None:
-            session = _sessions[api_key] = Session(api_key=api_key)
-        return session
+    return Session.shared(api_key=api_key)
 
 
 # ---------------------------------------------------------------------- traces

@@ -107,10 +107,9 @@ class FleetRLDatasetBuilder(cb.RLDatasetBuilderBase):
         return train_set, test_set
 
     def _tasks(self) -> list[Task]:
-        from fleetenv.core.task_files import load_tasks
+        from fleetenv.core.task_files import bundled_tasks_path, load_tasks
 
         if self.tasks_path is None:
-            from fleetenv.local.apps import bundled_tasks_path
             path: Any = bundled_tasks_path()
         else:
             path = self.tasks_path

@@ -31,7 +31,7 @@ from fleetenv.core.config import finite_reward
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.tasks import Task
 from fleetenv.env.fleet_env import FleetEnv
-from fleetenv.fleet.session import Session, default_session
+from fleetenv.fleet.session import Session
 
 __all__ = ["FleetEnvGroupBuilder", "session_for"]
 
@@ -58,30 +58,12 @@ def _closer_pool() -> ThreadPoolExecutor:
         return _closer
 
 
-_sessions: dict[tuple[int, str, tuple[tuple[str, str], ...]], Session] = {}
-_sessions_lock = threading.Lock()
-
-
 def session_for(base_url: str | None = None,
                 settings: Mapping[str, Any] | None = None) -> Session:
-    """The process's session for ``base_url`` and FleetConfig ``settings``.
-
-    Without either: fleetenv's default session (``FLEET_API_KEY`` / ``FLEET_BASE_URL``,
-    or the embedded local Fleet without a key). Otherwise one session per distinct
-    ``(base_url, settings)`` in this process, shared by every group, so the caps hold
-    across groups; its API key comes from ``FLEET_API_KEY``.
-    """
-    if base_url is None and not settings:
-        return default_session()
-    import os
-
-    key = (os.getpid(), base_url or "",
-           tuple(sorted((name, repr(value)) for name, value in (settings or {}).items())))
-    with _sessions_lock:
-        session = _sessions.get(key)
-        if session is None or session.closed:
-            session = _sessions[key] = Session(base_url=base_url, **dict(settings or {}))
-        return session
+    """The process's shared session (:meth:`fleetenv.Session.shared`) for ``base_url``
+    and FleetConfig ``settings``, so the caps hold across every group that asks with
+    them; its API key comes from ``FLEET_API_KEY`` (none: the embedded local Fleet)."""
+    return Session.shared(base_url=base_url, **dict(settings or {}))
 
 
 class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):

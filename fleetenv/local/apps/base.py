@@ -8,7 +8,6 @@ lets an app be tested without a server.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
@@ -55,24 +54,6 @@ class AppSpec:
     def default_data(self) -> tuple[str, str]:
         key = next(iter(self.data))
         return key, self.data[key][0]
-
-
-def lazy_computer(app_name: str, screen: str) -> Callable[[MCPServer, DbFactory], None]:
-    """An :attr:`AppSpec.register_computer` showing ``screen`` (``"module:Class"``).
-
-    The screen class is imported when the first instance registers its ``computer`` tool,
-    so listing or seeding apps never loads their UI and drawing code. ``app_name`` is what
-    the tool's description calls the UI.
-    """
-    module_name, _, class_name = screen.partition(":")
-
-    def register_computer(server: MCPServer, db: DbFactory) -> None:
-        from fleetenv.local.apps.computer import register_computer_tool
-
-        make_screen = getattr(importlib.import_module(module_name), class_name)
-        register_computer_tool(server, db, make_screen, app_name)
-
-    return register_computer
 
 
 def add_tools(server: MCPServer, tools: Iterable[Callable[..., Any]], *,

@@ -11,6 +11,7 @@ fixed-size and deterministic, so a reference solution can be a list of clicks.
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import sqlite3
 import threading
@@ -259,3 +260,19 @@ def register_computer_tool(
     )
     server.add_tool(computer, name="computer", structured_output=False)
     return session
+
+
+def lazy_computer(app_name: str, screen: str) -> Callable[[MCPServer, DbFactory], None]:
+    """An :attr:`AppSpec.register_computer` showing ``screen`` (``"module:Class"``).
+
+    The screen class is imported when the first instance registers its ``computer`` tool,
+    so listing or seeding apps never loads their UI and drawing code. ``app_name`` is what
+    the tool's description calls the UI.
+    """
+    module_name, _, class_name = screen.partition(":")
+
+    def register_computer(server: MCPServer, db: DbFactory) -> None:
+        make_screen = getattr(importlib.import_module(module_name), class_name)
+        register_computer_tool(server, db, make_screen, app_name)
+
+    return register_computer

@@ -17,8 +17,9 @@ Three helpdesk tasks, each graded the way a family of real Fleet verifiers grade
   the helpdesk instance: ``helpdesk`` (the ticket) and ``outbox`` (the reply the customer
   gets). The output, and so the grading, is exactly that of a multi-app verifier.
 
-``tests/_support/generate_tasks.py`` appends these to ``tasks.json``; the values they
-quote are read from the seed data there and passed in as ``query``.
+``tests/_support/generate_tasks.py`` appends these to the bundled tasks
+(``fleetenv.bundled_tasks_path()``); the values they quote are read from the seed data
+there and passed in as ``query``.
 """
 
 from __future__ import annotations

@@ -28,11 +28,11 @@ pytest.importorskip("fleetenv.adapters.openenv.server")
 from _support.waiting import wait_for
 from scripted_model import ScriptedModel
 
+from fleetenv import bundled_tasks_path
 from fleetenv.adapters.openenv.server import FleetServerSettings, OpenEnvServer
 from fleetenv.core.task_files import load_tasks
 from fleetenv.fleet.session import Session
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fleetenv.local.apps.base import AppSpec, lazy_computer
+from fleetenv.local.apps.base import AppSpec
+from fleetenv.local.apps.computer import lazy_computer
 from fleetenv.local.apps.helpdesk.data import DATA_KEY, DATA_VERSIONS, build_database
 from fleetenv.local.apps.helpdesk.tools import register_tools
 
