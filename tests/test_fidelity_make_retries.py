@@ -27,11 +27,10 @@ from fleetenv.errors import PermanentProvisioningError, TransientProvisioningErr
 from fleetenv.events import EventBus
 from fleetenv.fleet.classify import is_rate_limit, json_objects_in, provisioning_error
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps import bundled_tasks_path
 
 pytestmark = pytest.mark.timeout(120)
 
-TASK = next(t for t in fleetenv.load_tasks(bundled_tasks_path()) if t.modality == "tool_use")
+TASK = fleetenv.Task(key="make-retries", prompt="p", env_key="helpdesk")
 
 # The incident messages, verbatim from the previous client's tests.
 SEED_PLACEMENT = (

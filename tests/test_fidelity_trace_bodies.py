@@ -27,18 +27,14 @@ import httpx
 import pytest
 from _support.browser import chromium_page
 
+from fleetenv import PolicySpec, Runner, Session, load_tasks, resolve_config
 from fleetenv.cli.main import main
 from fleetenv.cli.run import trace_options
-from fleetenv.core.config import resolve_config
-from fleetenv.core.errors import ConfigurationError
-from fleetenv.core.task_files import load_tasks
-from fleetenv.fleet.session import Session
-from fleetenv.fleet.traces import TraceClient, TraceOptions, TraceUploadError, trace_body
+from fleetenv.errors import ConfigurationError, TraceUploadError
+from fleetenv.fleet.traces import TraceClient, TraceOptions, trace_body
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.local.traces import view_key
-from fleetenv.rollouts.policy import PolicySpec
-from fleetenv.rollouts.runner import Runner
 
 pytestmark = pytest.mark.timeout(120)
 
