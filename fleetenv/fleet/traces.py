@@ -202,8 +202,9 @@ def trace_body(chat_history: list[Any], *, job_id: str | None, task_key: str | N
                secrets: tuple[str, ...] = (), max_image_bytes: int = 2_000_000,
                max_trace_bytes: int = 16_000_000) -> dict[str, Any]:
     """An ingest body from an OpenAI-format chat history (what OpenEnv's ``upload_trace``
-    takes): secrets scrubbed, images capped, ``metadata.score`` = ``reward``, validated
-    with fleet-python's ``SessionIngestRequest``."""
+    takes), in the shape Fleet's session viewer shows (see the module docstring): secrets
+    scrubbed, images capped, ``metadata.score`` = ``reward``, validated with
+    fleet-python's ``SessionIngestRequest``."""
     from fleet.models import SessionIngestRequest
     from pydantic import ValidationError
 
@@ -413,14 +414,17 @@ def _base_url(value: Any) -> str:
     from urllib.parse import urlsplit
 
     parts = urlsplit(value.strip()) if isinstance(value, str) else None
-    problem = (f"it is a {type(value).__name__}, not a string" if parts is None
-               else "it must start with http:// or https://"
-               if parts.scheme not in ("http", "https")
-               else "it has no host" if not parts.hostname
-               else "it may not carry credentials (the session's API key is sent to it)"
-               if parts.username or parts.password
-               else "it may not have a query string or fragment"
-               if parts.query or parts.fragment else None)
+    problem = None
+    if parts is None:
+        problem = f"it is a {type(value).__name__}, not a string"
+    elif parts.scheme not in ("http", "https"):
+        problem = "it must start with http:// or https://"
+    elif not parts.hostname:
+        problem = "it has no host"
+    elif parts.username or parts.password:
+        problem = "it may not carry credentials (the session's API key is sent to it)"
+    elif parts.query or parts.fragment:
+        problem = "it may not have a query string or fragment"
     if problem is not None:
         raise ConfigurationError(
             f"jobs_url is not a base URL: {problem}", field="traces.jobs_url",
