@@ -35,6 +35,7 @@ from fleetenv.core.errors import ConfigurationError
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.config import FleetConfig
     from fleetenv.core.tasks import Task
+    from fleetenv.fleet.traces import TraceOptions
     from fleetenv.rollouts.policy_spec import PolicySpec
     from fleetenv.rollouts.rollout import RolloutResult
     from fleetenv.rollouts.runner import Runner
@@ -88,6 +89,10 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
                         help="upload every episode's transcript to a Fleet trace job of "
                         "this name (on the local Fleet: see `fleetenv serve`); upload "
                         "failures are counted in the summary, never fatal")
+    parser.add_argument("--trace-jobs-url", default=None, metavar="URL",
+                        help="with --trace: the host that serves Fleet's trace jobs "
+                        "(POST /v1/traces/jobs), when it is not FLEET_BASE_URL; uploads "
+                        "still go to FLEET_BASE_URL")
     parser.add_argument("--resume", type=Path, default=None, metavar="RESULTS",
                         help="finish the interrupted run of this results file: only the "
                         "episodes (task, sample) it lacks run, appended to it; refused if "
@@ -139,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if args.force and args.resume is None:
         raise ConfigurationError("--force only applies with --resume",
                                  hint="drop --force, or add --resume RESULTS.jsonl")
+    traces = trace_options(args.trace, args.trace_jobs_url)
     if args.resume is not None and args.out is not None:
         raise ConfigurationError("--resume appends to its own file; --out does not apply",
                                  hint="drop --out")
@@ -175,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     with importable_working_directory():
         results, out = execute(tasks, spec, config=config, samples=args.samples,
                                workers=args.workers, out=args.resume or args.out,
-                               max_steps=args.max_steps, command="run", traces=args.trace,
+                               max_steps=args.max_steps, command="run", traces=traces,
                                system_prompt=system_prompt, manifest=manifest,
                                resume=args.resume is not None, skip=skip,
                                spec_for_sample=seeded_specs(spec, args.seed),
@@ -188,6 +194,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"details per episode are in {out}", file=sys.stderr)
         return 1
     return 0
+
+
+def trace_options(name: str | None, jobs_url: str | None) -> str | TraceOptions | None:
+    """``--trace NAME`` and ``--trace-jobs-url URL`` as the Runner's ``traces=``."""
+    from fleetenv.fleet.traces import TraceOptions
+
+    if jobs_url is None:
+        return name
+    if name is None:
+        raise ConfigurationError("--trace-jobs-url only applies with --trace",
+                                 hint="add --trace NAME, or drop --trace-jobs-url")
+    return TraceOptions(name, jobs_url=jobs_url)
 
 
 @contextmanager
@@ -310,7 +328,7 @@ def execute(
     out: Path | None,
     max_steps: int | None,
     command: str,
-    traces: str | None = None,
+    traces: str | TraceOptions | None = None,
     system_prompt: str | None = None,
     manifest: Mapping[str, Any] | None = None,
     resume: bool = False,

@@ -1,13 +1,41 @@
 """Translate fleet-python and HTTP-client exceptions into fleetenv's errors.
 
-The decision "retry or give up" is made here, once, on exception *types* and HTTP
-status codes that fleet-python sets, never on substrings of messages: the previous
-Fleet client's substring classifier missed every kind of incident that mattered
-(rate limits, burst caps, ``"retryable": true`` bodies).
+Whether a failed create is retried is decided here, once, in this order:
+
+1. **What the request is**: a key Fleet rejects (401), a 404, an environment, version
+   or region Fleet does not know: permanent, whatever else the answer says.
+2. **Fleet's own ``retryable`` flag**, wherever Fleet put it: in its structured error
+   body, or in a JSON object inside the message (Fleet wraps driver errors as
+   ``Failed to create instance: DriverAPIError: Driver API returned 400: {"detail":
+   {..., "retryable": true}}``). ``true``: retried; ``false``: permanent.
+3. **A failure Fleet names as passing** (:data:`TRANSIENT_MARKERS`, each from a
+   production incident of the previous client, its message verbatim in
+   ``tests/test_fidelity_make_retries.py``): retried, under any status.
+4. **The type and status** fleet-python gives the answer: rate and instance limits, 5xx,
+   408/425/429, timeouts and lost connections are retried; other 4xx are permanent.
+
+Nothing else in a message counts: broad substrings such as "connection" or "timeout"
+(the previous client retried on them) also match unrelated 400s; timeouts and
+connection failures are recognised by their exception types instead.
+
+The incidents, by status (R retried within the budget, P permanent; docs/errors.md)::
+
+    message                                               400 409 429 500 503
+    ... Driver API returned 400: {... "retryable":true}}   R   R   R   R   R   flag
+    Too many in-flight instance creations for this team    R   R   R   R   R   named
+    Rate limit exceeded                                    R   R   R   R   R   named
+    Instance health check failed                           R   R   R   R   R   named
+    Driver API returned 400: {... "retryable":false}}      P   P   P   P   P   flag
+    Read timeout on connect (as text)                      P   P   R   R   R   status
+    Invalid or missing X-Fleet-Judge-Token                 P   P   R   R   R   status
+    env_key not found: nonexistent-env:v9.9.9              P   P   R   R   R   status
+    any message under 401 or 404                           P (what the request is)
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
 from fleetenv.core.errors import (
@@ -21,17 +49,32 @@ from fleetenv.core.redaction import redact, scrub_exception
 #: HTTP statuses after which the same request may succeed later.
 TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
+#: Failures Fleet names that pass, matched case-insensitively in the error's message (and
+#: the error code of a structured body); each was a production incident of the previous
+#: client: a seed placement the driver could not make, the team's burst cap, Fleet's rate
+#: limiter, an instance that failed its health check.
+TRANSIENT_MARKERS = (
+    "seed_placement_failed",
+    "too many in-flight instance creations",
+    "rate limit exceeded",
+    "health check failed",
+)
+#: Of those, the ones that ask the whole API key to slow down.
+_RATE_MARKERS = ("too many in-flight instance creations", "rate limit exceeded")
+#: How much of a message is searched (hostile text: bounded, one linear pass).
+_MAX_SCANNED = 16_384
+#: An embedded JSON object nested deeper than this is not parsed.
+_MAX_DEPTH = 16
+
 
 def provisioning_error(exc: Exception, **context: Any) -> ProvisioningError:
-    """Map an exception raised by ``fleet.Fleet.make`` (or a readiness poll) to our errors.
-
-    Auth, unknown environment / version, permission and other 4xx answers are permanent:
-    retrying them only burns the budget (and, at scale, "10k bad requests"). Rate limits,
-    instance-limit answers, 5xx, timeouts and connection failures are transient.
-    """
+    """Map an exception raised by ``fleet.Fleet.make`` (or a readiness poll) to our errors,
+    in the order of the module docstring: transient (retried within the provisioning
+    budget) or permanent (raised at once)."""
     from fleet import exceptions as fx  # imported lazily: fleet-python costs ~0.4 s
 
     name = type(exc).__name__
+    text = _text_of(exc)  # read before error_detail() scrubs and cuts it
     detail = error_detail(exc)
     if isinstance(exc, fx.FleetAuthenticationError):
         return PermanentProvisioningError(
@@ -48,6 +91,26 @@ def provisioning_error(exc: Exception, **context: Any) -> ProvisioningError:
             "`fleetenv tools ENV_KEY` lists what the environment offers",
             **context,
         )
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, fx.FleetAPIError) and status == 404:  # no such route or resource
+        return PermanentProvisioningError(
+            f"Fleet refused the request (404): {detail}",
+            hint="check the task's environment, version and data keys, and FLEET_BASE_URL",
+            **context)
+    answered = "could not be reached" if status is None else f"answered {status}"
+    says = fleet_says_retryable(exc, text)
+    if says is True:  # Fleet's own verdict beats the status code (some 4xx are blips)
+        return TransientProvisioningError(
+            f"Fleet {answered} and says the request may be retried: {detail}", **context)
+    if says is False and isinstance(exc, fx.FleetAPIError):
+        return PermanentProvisioningError(
+            f"Fleet refused the request and says not to retry ({status}): {detail}",
+            hint="check the task's environment, version and data keys", **context)
+    marker = transient_marker(exc, text)
+    if marker is not None:
+        return TransientProvisioningError(
+            f"Fleet {answered} with a failure that passes ({marker!r}): {detail}",
+            **context)
     if isinstance(exc, fx.FleetInstanceLimitError | fx.FleetRateLimitError):
         return TransientProvisioningError(
             f"Fleet is limiting instance creation ({name}): {detail}",
@@ -56,22 +119,10 @@ def provisioning_error(exc: Exception, **context: Any) -> ProvisioningError:
         )
     if isinstance(exc, fx.FleetTimeoutError):
         return TransientProvisioningError(f"Fleet timed out: {detail}", **context)
-    says = _body_says_retryable(exc)
-    if says is True:  # Fleet's own verdict beats the status code (some 4xx are blips)
-        status = getattr(exc, "status_code", None)
-        return TransientProvisioningError(
-            f"Fleet answered {status} and says the request may be retried: {detail}",
-            **context)
-    if says is False and isinstance(exc, fx.FleetAPIError):
-        return PermanentProvisioningError(
-            f"Fleet refused the request and says not to retry ({exc.status_code}): {detail}",
-            hint="check the task's environment, version and data keys", **context)
     if isinstance(exc, fx.FleetAPIError):
-        status = exc.status_code
         if status is None or status in TRANSIENT_STATUSES:
             # status None = the request never got an HTTP answer (connection failure).
-            what = "could not be reached" if status is None else f"answered {status}"
-            return TransientProvisioningError(f"Fleet {what}: {detail}", **context)
+            return TransientProvisioningError(f"Fleet {answered}: {detail}", **context)
         return PermanentProvisioningError(
             f"Fleet refused the request ({status}): {detail}",
             hint="check the task's environment, version and data keys",
@@ -103,17 +154,91 @@ def _region_error(exc: Any, detail: str, context: dict[str, Any]) -> Provisionin
         "default", **context)
 
 
-def _body_says_retryable(exc: BaseException) -> bool | None:
-    """The ``retryable`` flag of Fleet's structured error body, if it has one.
+def fleet_says_retryable(exc: BaseException, text: str | None = None) -> bool | None:
+    """Fleet's own ``retryable`` flag for this failure, if it gave one.
 
-    Read from the parsed body fleet-python keeps (``response_data``), never from the
-    message text: ``{"retryable": true}`` or ``{"detail": {"retryable": true, ...}}``.
+    First the structured body fleet-python keeps (``response_data``; for the answers it
+    keeps only the message of, the body :mod:`fleetenv.fleet.client` remembered):
+    ``{"retryable": ...}`` or ``{"detail": {"retryable": ...}}``. Then the JSON objects
+    embedded in the message, outermost first, in the same two places.
     """
-    data = getattr(exc, "response_data", None) or _last_body()
-    for holder in (data, data.get("detail") if isinstance(data, dict) else None):
-        if isinstance(holder, dict) and isinstance(holder.get("retryable"), bool):
+    found = _flag_in(getattr(exc, "response_data", None) or _last_body())
+    if found is not None:
+        return found
+    for embedded in json_objects_in(_text_of(exc) if text is None else text):
+        found = _flag_in(embedded)
+        if found is not None:
+            return found
+    return None
+
+
+def transient_marker(exc: BaseException, text: str | None = None) -> str | None:
+    """The first of :data:`TRANSIENT_MARKERS` in the message (or in the error code of
+    Fleet's structured body), if any."""
+    words = [_text_of(exc) if text is None else text]
+    body = getattr(exc, "response_data", None) or _last_body()
+    for holder in _holders(body):
+        words += [str(holder.get(k)) for k in ("error", "error_type", "code") if holder.get(k)]
+    lowered = " ".join(words).lower()
+    return next((m for m in TRANSIENT_MARKERS if m in lowered), None)
+
+
+def json_objects_in(text: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects written inside ``text`` (outermost ones, in order).
+
+    Hostile text: one pass over at most :data:`_MAX_SCANNED` characters finds each
+    top-level ``{...}`` span (braces balanced outside strings), and each span is parsed
+    once, so the work is linear; a span nested deeper than :data:`_MAX_DEPTH` or that is
+    not JSON is skipped.
+    """
+    text = text[:_MAX_SCANNED]
+    depth = deepest = 0
+    start = 0
+    in_string = escaped = False
+    for index, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"' and depth:
+            in_string = True
+        elif char == "{":
+            if depth == 0:
+                start, deepest = index, 0
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == "}" and depth:
+            depth -= 1
+            if depth == 0 and deepest <= _MAX_DEPTH:
+                try:
+                    value = json.loads(text[start:index + 1])
+                except ValueError:
+                    continue
+                if isinstance(value, dict):
+                    yield value
+
+
+def _holders(data: Any) -> list[dict[str, Any]]:
+    """Where Fleet puts its error fields: the body itself, or its ``detail`` object."""
+    if not isinstance(data, dict):
+        return []
+    detail = data.get("detail")
+    return [data, detail] if isinstance(detail, dict) else [data]
+
+
+def _flag_in(data: Any) -> bool | None:
+    for holder in _holders(data):
+        if isinstance(holder.get("retryable"), bool):
             return bool(holder["retryable"])
     return None
+
+
+def _text_of(exc: BaseException) -> str:
+    message = getattr(exc, "message", None)
+    return (message if isinstance(message, str) else str(exc))[:_MAX_SCANNED]
 
 
 def _last_body() -> Any:
@@ -123,12 +248,16 @@ def _last_body() -> Any:
 
 
 def is_rate_limit(exc: BaseException) -> bool:
-    """Did Fleet ask the API key to slow down (429, instance limit, rate limit)?"""
+    """Did Fleet ask the API key to slow down (429, instance limit, rate limit, the team's
+    burst cap: under whatever status the phrase arrives)?"""
     from fleet import exceptions as fx
 
     if isinstance(exc, fx.FleetInstanceLimitError | fx.FleetRateLimitError):
         return True
-    return isinstance(exc, fx.FleetAPIError) and exc.status_code == 429
+    if isinstance(exc, fx.FleetAPIError) and exc.status_code == 429:
+        return True
+    text = _text_of(exc).lower()
+    return any(marker in text for marker in _RATE_MARKERS)
 
 
 def _is_transport_error(exc: BaseException) -> bool:

@@ -10,8 +10,10 @@ every answer we read, so a wire-format drift fails here, loudly):
   ``instance_id``, ``verifier_execution_id``, ``status`` and ``metadata`` (``score`` =
   the reward, as the previous client sent it, plus grade status, stop reason, turns...)
 
-Both go to the session's own base URL through its fleet-python client, with its key:
-no second host, no fallback token. Off the critical path: :class:`TraceUploader` takes
+Both go to the session's own base URL through its fleet-python client, with its key and
+no fallback token; ``TraceOptions.jobs_url`` moves the jobs route to another host (the
+previous client found it answering 404 on the Fleet base URL and used a separate one).
+Off the critical path: :class:`TraceUploader` takes
 finished results without blocking (a bounded queue; a full queue drops and counts) and
 uploads them on one background thread; ``close()`` drains what is queued within a
 bound and reports what was not uploaded. Failures never raise into the run: each upload
@@ -21,10 +23,14 @@ logged as a warning and the count is in :meth:`TraceUploader.report`. A retry re
 the same ``X-Request-ID``, which the local Fleet uses to store a transcript once however
 often it is sent (real Fleet: unverified, see docs/traces.md).
 
-Images stay inline, as the ``data:image/...`` URLs of the transcript's ``image_url``
-parts, under two caps (per image and per trace); an image over a cap is replaced by a
-text part naming its size and sha256. Nothing is written anywhere else (the previous
-client copied screenshots to a public bucket with ambient cloud credentials).
+The transcript goes as Fleet's session viewer shows it, as the previous client sent it:
+a ``user`` message that carries an image is sent as a ``tool`` message (the viewer drops
+images from user messages), ``[Turn N/M]`` footer parts are left out, and ``tool_calls``
+goes on assistant messages only. Images stay inline, as the ``data:image/...`` URLs of
+the transcript's ``image_url`` parts, under two caps (per image and per trace); an image
+over a cap is replaced by a text part naming its size and sha256. Nothing is written
+anywhere else (the previous client copied screenshots to a public bucket with ambient
+cloud credentials).
 
 Secrets never leave: the API key and the runner token are replaced wherever they appear
 in the transcript, and every text goes through :func:`~fleetenv.core.redaction.redact`.
@@ -35,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import queue
+import re
 import threading
 import time
 import uuid
@@ -60,6 +67,15 @@ logger = logging.getLogger("fleetenv.traces")
 _TRANSIENT = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Errors kept in the report (the count is exact; the texts are samples).
 _KEPT_ERRORS = 20
+#: A turn footer a harness appends to an observation for the model (``[Turn 3/64]``):
+#: a text part of only that (and whitespace) is left out of the upload, as the previous
+#: client did; longer text is not a footer.
+_TURN_FOOTER = re.compile(r"\[Turn\s*\d+\s*/\s*\d+\]")
+_MAX_FOOTER_CHARS = 64
+#: What the first failure to create a trace job suggests when no ``jobs_url`` is set.
+_JOBS_URL_HINT = ("if this Fleet serves trace jobs on another host, name it: "
+                  "TraceOptions(jobs_url=URL), or `fleetenv run --trace-jobs-url URL` (the "
+                  "previous client used https://api.internal.fleet-platform.fleetai.com)")
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,9 @@ class TraceOptions:
     so a slow Fleet never holds the rollouts back. ``flush_timeout_s``: how long
     ``close()`` waits for the queue to drain. ``max_image_bytes`` / ``max_trace_bytes``:
     caps on one inline image and on all images of one trace (data-URL length).
+    ``jobs_url``: the base URL of the host that serves ``POST /v1/traces/jobs``, when it
+    is not the session's Fleet (default ``None``: the session's base URL); uploads stay
+    on the session's Fleet either way.
     """
 
     job: str
@@ -82,6 +101,7 @@ class TraceOptions:
     flush_timeout_s: float = 60.0
     max_image_bytes: int = 2_000_000
     max_trace_bytes: int = 16_000_000
+    jobs_url: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, str) or not self.job.strip():
@@ -98,6 +118,8 @@ class TraceOptions:
             if not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be a positive integer, got {value!r}",
                                          field=f"traces.{name}")
+        if self.jobs_url is not None:
+            object.__setattr__(self, "jobs_url", _base_url(self.jobs_url))
 
     @classmethod
     def of(cls, value: str | TraceOptions) -> TraceOptions:
@@ -180,15 +202,16 @@ def trace_body(chat_history: list[Any], *, job_id: str | None, task_key: str | N
                secrets: tuple[str, ...] = (), max_image_bytes: int = 2_000_000,
                max_trace_bytes: int = 16_000_000) -> dict[str, Any]:
     """An ingest body from an OpenAI-format chat history (what OpenEnv's ``upload_trace``
-    takes): secrets scrubbed, images capped, ``metadata.score`` = ``reward``, validated
-    with fleet-python's ``SessionIngestRequest``."""
+    takes), in the shape Fleet's session viewer shows (see the module docstring): secrets
+    scrubbed, images capped, ``metadata.score`` = ``reward``, validated with
+    fleet-python's ``SessionIngestRequest``."""
     from fleet.models import SessionIngestRequest
     from pydantic import ValidationError
 
     for secret in secrets:  # the caller's credentials: scrubbed here and from now on
         register_secret(secret)
     images = _ImageBudget(max_image_bytes, max_trace_bytes)
-    messages = [_message(m, images) for m in chat_history if isinstance(m, dict)]
+    messages = _viewer_messages(chat_history, images)
     meta: dict[str, Any] = {**redact_value(dict(metadata or {})), "score": reward,
                             "reward": reward}
     if images.omitted:
@@ -244,16 +267,61 @@ class _ImageBudget:
                                         f"the {cap} cap; sha256 {digest}]"}
 
 
+def _viewer_messages(history: list[Any], images: _ImageBudget) -> list[dict[str, Any]]:
+    """The chat history as Fleet's session viewer shows it (the previous client's upload).
+
+    The viewer drops the images of ``user`` messages, so a ``user`` message that carries
+    one goes as a ``tool`` message answering the latest assistant tool call that no such
+    message answered yet (its first call's id), else a new ``call_...`` id.
+    """
+    out: list[dict[str, Any]] = []
+    pending: str | None = None  # the call the next image-carrying user message answers
+    for message in history:
+        if not isinstance(message, dict):
+            continue
+        role = str(message.get("role") or "user")
+        calls = message.get("tool_calls")
+        if role == "assistant" and isinstance(calls, list) and calls:
+            first = calls[0].get("id") if isinstance(calls[0], dict) else None
+            pending = first if isinstance(first, str) and first else _new_call_id()
+        if role == "user" and _has_image(message.get("content")):
+            message = {**message, "role": "tool", "tool_call_id": pending or _new_call_id()}
+            pending = None
+        out.append(_message(message, images))
+    return out
+
+
+def _new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:8]}"
+
+
+def _has_image(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") == "image_url" for p in content)
+
+
+def _is_turn_footer(part: Any) -> bool:
+    text = part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None
+    if not isinstance(text, str):
+        return False
+    text = text.strip()
+    return len(text) <= _MAX_FOOTER_CHARS and _TURN_FOOTER.fullmatch(text) is not None
+
+
 def _message(message: dict[str, Any], images: _ImageBudget) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": str(message.get("role") or "user")}
+    role = str(message.get("role") or "user")
+    out: dict[str, Any] = {"role": role}
     content = message.get("content")
     if isinstance(content, list):
-        out["content"] = [_part(p, images) for p in content]
+        out["content"] = [_part(p, images) for p in content if not _is_turn_footer(p)]
     elif content is not None:
         out["content"] = redact_value(content)
-    for name in ("tool_calls", "tool_call_id", "thinking"):
-        if message.get(name) is not None:
-            out[name] = redact_value(message[name])
+    if role == "assistant" and message.get("tool_calls"):  # never an empty list
+        out["tool_calls"] = redact_value(message["tool_calls"])
+    if role == "tool" and message.get("tool_call_id") is not None:
+        out["tool_call_id"] = redact_value(message["tool_call_id"])
+    if message.get("thinking") is not None:
+        out["thinking"] = redact_value(message["thinking"])
     return out
 
 
@@ -272,19 +340,31 @@ def _part(part: Any, images: _ImageBudget) -> Any:
 
 class TraceClient:
     """Blocking calls to the trace routes of the session's Fleet, each retried on
-    transient answers inside ``budget_s`` (the session's retry pacing)."""
+    transient answers inside ``budget_s`` (the session's retry pacing). ``jobs_url``:
+    the host that serves trace jobs, when it is not the session's Fleet."""
 
-    def __init__(self, session: Session, *, budget_s: float = 60.0) -> None:
+    def __init__(self, session: Session, *, budget_s: float = 60.0,
+                 jobs_url: str | None = None) -> None:
         self._session = session
         self._retry: RetryPolicy = session.retry.with_budget(budget_s)
+        self.jobs_url = None if jobs_url is None else _base_url(jobs_url)
 
     def create_job(self, name: str, *, deadline: Deadline | None = None) -> str:
-        """Create a trace job; its ``job_id``."""
+        """Create a trace job; its ``job_id``. A failure that says nothing more specific
+        names ``jobs_url``: the route may live on another host."""
         from fleet.models import TraceJobRequest, TraceJobResponse
 
         body = TraceJobRequest(name=name).model_dump()
-        answer = self._post("/v1/traces/jobs", body, what="creating trace job",
-                            deadline=deadline, job=name)
+        try:
+            answer = self._post("/v1/traces/jobs", body, what="creating trace job",
+                                deadline=deadline, base_url=self.jobs_url, job=name)
+        except TraceUploadError as exc:
+            if exc.hint != TraceUploadError.default_hint:
+                raise
+            hint = (_JOBS_URL_HINT if self.jobs_url is None
+                    else f"check TraceOptions.jobs_url ({self.jobs_url})")
+            raise TraceUploadError(exc.message, hint=hint, retryable=exc.retryable,
+                                   **exc.context) from exc
         job_id: str = TraceJobResponse.model_validate(answer).job_id
         return job_id
 
@@ -298,7 +378,8 @@ class TraceClient:
         return session_id
 
     def _post(self, path: str, body: dict[str, Any], *, what: str,
-              deadline: Deadline | None, **context: Any) -> Any:
+              deadline: Deadline | None, base_url: str | None = None,
+              **context: Any) -> Any:
         from fleetenv.fleet.deadlines import deadline_scope
 
         deadline = deadline or self._retry.deadline()
@@ -308,7 +389,7 @@ class TraceClient:
         def attempt() -> Any:
             try:
                 with deadline_scope(deadline, what=what, **context):
-                    response = sdk.client.request("POST", path, json=body,
+                    response = sdk.client.request("POST", path, json=body, base_url=base_url,
                                                   extra_headers={"X-Request-ID": request_id})
                 return response.json()
             except TraceUploadError:
@@ -325,6 +406,30 @@ class TraceClient:
                                     f"{error_detail(exc)}", **context)
 
         return self._retry.call(attempt, deadline=deadline, give_up=give_up)
+
+
+def _base_url(value: Any) -> str:
+    """An http(s) base URL with a host, without credentials, query or fragment; no end
+    slash. The error says what is wrong without echoing the value (it may hold a secret)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value.strip()) if isinstance(value, str) else None
+    problem = None
+    if parts is None:
+        problem = f"it is a {type(value).__name__}, not a string"
+    elif parts.scheme not in ("http", "https"):
+        problem = "it must start with http:// or https://"
+    elif not parts.hostname:
+        problem = "it has no host"
+    elif parts.username or parts.password:
+        problem = "it may not carry credentials (the session's API key is sent to it)"
+    elif parts.query or parts.fragment:
+        problem = "it may not have a query string or fragment"
+    if problem is not None:
+        raise ConfigurationError(
+            f"jobs_url is not a base URL: {problem}", field="traces.jobs_url",
+            hint='e.g. TraceOptions(job, jobs_url="https://traces.example.com")')
+    return str(value).strip().rstrip("/")
 
 
 def _upload_error(exc: Exception, what: str, context: dict[str, Any]) -> TraceUploadError:
@@ -364,11 +469,12 @@ class TraceUploader:
     def __init__(self, session: Session, options: str | TraceOptions) -> None:
         self.options = TraceOptions.of(options)
         self._session = session
-        self._client = TraceClient(session, budget_s=self.options.budget_s)
+        self._client = TraceClient(session, budget_s=self.options.budget_s,
+                                   jobs_url=self.options.jobs_url)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.options.max_pending)
         self._lock = threading.Lock()
         self._report = TraceReport(job=self.options.job)
-        self._job_error: str | None = None
+        self._job_error: TraceUploadError | None = None
         self._closing: Deadline | None = None
         self._closed = False
         self._in_flight = 0
@@ -496,13 +602,13 @@ class TraceUploader:
         if job_id is not None:
             return job_id
         if error is not None:
-            raise TraceUploadError(f"the trace job could not be created: {error}",
-                                   job=self.options.job)
+            raise TraceUploadError(f"the trace job could not be created: {error.message}",
+                                   hint=error.hint, job=self.options.job)
         try:
             job_id = self._client.create_job(self.options.job, deadline=self._deadline())
         except TraceUploadError as exc:
             with self._lock:
-                self._job_error = exc.message
+                self._job_error = exc
             raise
         with self._lock:
             self._report.job_id = job_id

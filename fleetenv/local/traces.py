@@ -21,7 +21,9 @@ header; it takes a *view key* in the query instead: an HMAC of the server token,
 opens the pages and nothing else, and the token itself never appears in a URL.
 :func:`page_url` builds the link ``fleetenv serve`` prints. The pages escape everything
 they show and forbid scripts (``Content-Security-Policy``); images are shown only as
-``data:image/...`` URLs, so viewing a trace fetches nothing from anywhere.
+``data:image/...`` URLs, so viewing a trace fetches nothing from anywhere. Like Fleet's
+session viewer (as the previous client found it), the page shows no images in ``user``
+messages: it says they are there, and how many.
 
 The store lives in memory for the life of the server, bounded by ``max_sessions`` and
 ``max_bytes`` (the request bodies it kept; the oldest sessions are forgotten first) and
@@ -374,7 +376,7 @@ def _message_html(message: dict[str, Any]) -> str:
     if message.get("tool_call_id"):
         parts.append(f" (answers {_e(message['tool_call_id'])})")
     parts.append("</p>")
-    parts.append(_content_html(message.get("content")))
+    parts.append(_content_html(message.get("content"), images=role != "user"))
     for call in message.get("tool_calls") or []:
         function = call.get("function", {}) if isinstance(call, dict) else {}
         parts.append(f"<p class=meta>calls <b>{_e(function.get('name'))}</b> "
@@ -384,24 +386,33 @@ def _message_html(message: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _content_html(content: Any) -> str:
+def _content_html(content: Any, *, images: bool = True) -> str:
+    """A message's content; ``images=False`` (a user message): images are not shown, as
+    Fleet's session viewer drops them, and a line says how many there were."""
     if content is None:
         return ""
     if isinstance(content, str):
         return f"<pre>{_e(content)}</pre>"
     if isinstance(content, list):
         out = []
+        hidden = 0
         for part in content:
             if isinstance(part, dict) and part.get("type") == "text":
                 out.append(f"<pre>{_e(part.get('text'))}</pre>")
             elif isinstance(part, dict) and part.get("type") == "image_url":
-                url = (part.get("image_url") or {}).get("url", "")
-                if isinstance(url, str) and url.startswith("data:image/"):
+                image = part.get("image_url")  # {"url": ...} or the URL itself
+                url = image.get("url", "") if isinstance(image, dict) else image
+                if not images:
+                    hidden += 1
+                elif isinstance(url, str) and url.startswith("data:image/"):
                     out.append(f"<p><img alt=\"image\" src=\"{_e(url)}\"></p>")
                 else:  # never fetched by the page: shown as text
                     out.append(f"<p class=meta>image at {_e(url)}</p>")
             else:
                 out.append(f"<pre>{_e(part)}</pre>")
+        if hidden:
+            out.append(f"<p class=meta>{hidden} image(s) not shown: Fleet's session viewer "
+                       "shows no images in user messages</p>")
         return "".join(out)
     return f"<pre>{_e(content)}</pre>"
 

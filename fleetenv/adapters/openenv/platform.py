@@ -94,13 +94,14 @@ def _session_for(api_key: str | None) -> Any:
 
 # ---------------------------------------------------------------------- traces
 
-async def create_trace_job(api_key: str, name: str) -> str:
+async def create_trace_job(api_key: str, name: str, *, jobs_url: str | None = None) -> str:
     """OpenEnv's ``create_trace_job``: a trace job on Fleet; returns its id. Raises
     :class:`~fleetenv.errors.TraceUploadError` when Fleet refuses (the original raised
-    too)."""
+    too). ``jobs_url``: the host that serves trace jobs when it is not the Fleet base URL
+    (the original always used its platform host)."""
     from fleetenv.fleet.traces import TraceClient
 
-    client = TraceClient(_session_for(api_key))
+    client = TraceClient(_session_for(api_key), jobs_url=jobs_url)
     return await asyncio.to_thread(client.create_job, name)
 
 
