@@ -26,12 +26,10 @@ import fleetenv
 from fleetenv import FleetEnv, Task
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event
-from fleetenv.core.vocabulary import GradeReason, GradeStatus, StopReason
+from fleetenv.core.types import AppGrade, Grade, GradeReason, GradeStatus, StopReason
 from fleetenv.env.grading import grade_once
 from fleetenv.env.state import EpisodeState
-from fleetenv.fleet.verifier import Grade
 from fleetenv.fleet.verifier_output import (
-    AppGrade,
     accepts_conversation,
     judge_failed,
     parse_accumulators,

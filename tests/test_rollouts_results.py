@@ -11,6 +11,7 @@ import pytest
 import fleetenv
 from fleetenv.core.config import resolve_config
 from fleetenv.core.task_files import load_tasks
+from fleetenv.core.types import RolloutResult
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.rollouts.results import (
@@ -23,7 +24,7 @@ from fleetenv.rollouts.results import (
     read_results,
     read_run,
 )
-from fleetenv.rollouts.rollout import RolloutResult, run_episode
+from fleetenv.rollouts.rollout import run_episode
 
 pytestmark = pytest.mark.timeout(30)
 

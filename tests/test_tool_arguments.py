@@ -23,7 +23,7 @@ import fleetenv
 from fleetenv import FleetEnv, Task, ToolCall
 from fleetenv.core.config import resolve_config
 from fleetenv.core.errors import ConfigurationError, ToolArgumentsError
-from fleetenv.env.actions import FinalAnswer
+from fleetenv.core.types import FinalAnswer
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps import bundled_tasks_path
 from fleetenv.local.apps.base import AppSpec, DbFactory

@@ -69,9 +69,9 @@ from fleetenv.core.errors import (
     ToolCallParseError,
 )
 from fleetenv.core.tasks import Task
+from fleetenv.core.types import Observation
 from fleetenv.env.actions import parse_action
 from fleetenv.env.fleet_env import FleetEnv
-from fleetenv.env.observation import Observation
 from fleetenv.env.tool_call_parsing import split_tool_calls
 
 __all__ = ["ENV_ID", "FleetGymEnv", "UnicodeText", "register"]

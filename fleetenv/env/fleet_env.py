@@ -72,20 +72,24 @@ from fleetenv.core.events import (
     VerifierFailed,
 )
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import GradeReason, Modality, StopReason
-from fleetenv.env.actions import (
-    SUBMIT_FINAL_ANSWER,
+from fleetenv.core.types import (
     Done,
     FinalAnswer,
+    GradeReason,
     ListTools,
+    Modality,
+    Observation,
+    ResetInfo,
+    StepInfo,
+    StepResult,
+    StopReason,
     ToolCall,
-    parse_action,
 )
+from fleetenv.env.actions import SUBMIT_FINAL_ANSWER, parse_action
 from fleetenv.env.argument_hints import session_type_error, task_type_error
 from fleetenv.env.driver import Blocking, Plan, run_async, run_sync
 from fleetenv.env.grading import PARTIAL_REWARD_KEY, grade_once
 from fleetenv.env.instance import InstanceLease
-from fleetenv.env.observation import Observation
 from fleetenv.env.state import EpisodeState, EpisodeStats
 from fleetenv.env.tool_call_parsing import render_tools
 from fleetenv.env.toolbox import Toolbox
@@ -98,14 +102,11 @@ from fleetenv.mcp.error_rules import ToolErrorRule, decide, resolve_rule
 from fleetenv.mcp.notifications import ServerLogMessage, ToolProgressUpdate, ToolsListChanged
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.fleet.verifier import Grade
+    from fleetenv.core.types import Grade
     from fleetenv.mcp.results import ToolResult
     from fleetenv.mcp.tools import Tool
 
-__all__ = ["FleetEnv", "StepResult"]
-
-StepResult = tuple[Observation, "float | None", bool, bool, dict[str, Any]]
-"""``(observation, reward, terminated, truncated, info)``, as in Gymnasium."""
+__all__ = ["FleetEnv"]
 
 #: How much longer than ``verifier_timeout_s`` ``close()``/``reset()`` wait for a grade
 #: in flight (the verification itself is bounded by ``verifier_timeout_s``).
@@ -306,7 +307,7 @@ class FleetEnv:
     # ------------------------------------------------------------------ blocking API
 
     def reset(self, *, seed: int | None = None,
-              options: Mapping[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+              options: Mapping[str, Any] | None = None) -> tuple[Observation, ResetInfo]:
         """Start an episode: provision (first time) or restore the seed state, open the
         MCP endpoints and list tools. Returns the first observation and info.
 
@@ -365,7 +366,7 @@ class FleetEnv:
 
     async def reset_async(self, *, seed: int | None = None,
                           options: Mapping[str, Any] | None = None
-                          ) -> tuple[Observation, dict[str, Any]]:
+                          ) -> tuple[Observation, ResetInfo]:
         with self.events.scope(self.rollout_id):
             return await run_async(self._reset_plan(seed, dict(options or {})))
 
@@ -403,7 +404,7 @@ class FleetEnv:
     # ------------------------------------------------------------------ reset
 
     def _reset_plan(self, seed: int | None, options: dict[str, Any]
-                    ) -> Plan[tuple[Observation, dict[str, Any]]]:
+                    ) -> Plan[tuple[Observation, ResetInfo]]:
         self._check_not_closed()
         if self._state.active and not self._state.completed:
             yield from self._finish_plan(StopReason.ABANDONED)
@@ -413,7 +414,7 @@ class FleetEnv:
         self._state = state = EpisodeState(self.episode_deadline_s, active=True)
         self._episodes += 1
         self._emit(RolloutStarted, modality=self.task.modality)
-        info: dict[str, Any] = {"task_key": self.task.key, "rollout_id": self.rollout_id}
+        info: ResetInfo = {"task_key": self.task.key, "rollout_id": self.rollout_id}
         try:
             started = time.monotonic()
             if self._lease.instance is not None and options.get("fresh_instance"):
@@ -445,9 +446,9 @@ class FleetEnv:
         except Exception as exc:
             self._complete(StopReason.INIT_ERROR, error=exc)
             raise
-        info.update(instance_id=self.instance_id, root_url=self.root_url,
-                    modality=self.task.modality,
-                    tools=[t["function"]["name"] for t in self._toolbox.openai_tools])
+        info.update({"instance_id": self.instance_id, "root_url": self.root_url,
+                     "modality": self.task.modality,
+                     "tools": [t["function"]["name"] for t in self._toolbox.openai_tools]})
         observation = Observation(
             task_key=self.task.key, prompt=self.task.prompt, modality=self.task.modality,
             step=0, tools=self.openai_tools, content=content,
@@ -475,7 +476,7 @@ class FleetEnv:
             actions = parse_action(action)
         started = time.monotonic()
         state.step += 1
-        info: dict[str, Any] = {"step": state.step}
+        info: StepInfo = {"step": state.step}
         observation = self._observation([], tool_name=None)
         per_call: list[Observation] = []
         for item in actions:
@@ -526,14 +527,15 @@ class FleetEnv:
             reward = grade.reward
             info.update(state.grade_info())
         reason = state.stop_reason
-        info.update(stop_reason=reason, tool_calls=state.tool_calls,
-                    tool_errors=len(state.tool_error_messages), instance_id=self.instance_id)
+        info.update({"stop_reason": reason, "tool_calls": state.tool_calls,
+                     "tool_errors": len(state.tool_error_messages),
+                     "instance_id": self.instance_id})
         terminated = reason is not None and reason.terminates
         truncated = reason is not None and reason.truncates
-        return observation, reward, terminated, truncated, info
+        return StepResult(observation, reward, terminated, truncated, info)
 
     def _turn_observation(self, turn: Turn, per_call: list[Observation],
-                          info: dict[str, Any]) -> Observation:
+                          info: StepInfo) -> Observation:
         """One observation for a whole turn: every call's result, a parse error, or the
         note that the turn made no call (counted, and reported as an event)."""
         state = self._state
@@ -573,7 +575,7 @@ class FleetEnv:
             tool_call_id=last.tool_call_id if last else None, is_error=error is not None,
             error=error, turn=True, calls=tuple(per_call), parse_error=parse_error)
 
-    def _tool_plan(self, call: ToolCall, info: dict[str, Any]) -> Plan[Observation]:
+    def _tool_plan(self, call: ToolCall, info: StepInfo) -> Plan[Observation]:
         """Run one tool call; every failure becomes an observation, never a crash.
 
         Arguments that do not fit are refused before anything is sent. Whether the
@@ -643,7 +645,7 @@ class FleetEnv:
                                  error=error)
 
     def _local_tool(self, call: ToolCall, arguments: dict[str, Any],
-                    info: dict[str, Any]) -> Observation:
+                    info: StepInfo) -> Observation:
         """A context tool or meta-tool: answered here, never sent, never a tool error."""
         state = self._state
         started = time.perf_counter()
@@ -677,7 +679,7 @@ class FleetEnv:
                    duration_s=duration_s, error_type=type(exc).__name__ if exc else None,
                    error=error)
 
-    def _tool_error(self, call: ToolCall, message: str, info: dict[str, Any]) -> Observation:
+    def _tool_error(self, call: ToolCall, message: str, info: StepInfo) -> Observation:
         self._state.record_tool_error(call.name, message)
         info["tool_error"] = message
         return self._observation([{"type": "text", "text": f"Error: {message}"}],

@@ -28,13 +28,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import GradeReason
+from fleetenv.core.types import GradeReason
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.core.types import Grade
     from fleetenv.env.state import EpisodeState
     from fleetenv.fleet.provisioning import Instance
     from fleetenv.fleet.session import Session
-    from fleetenv.fleet.verifier import Grade
 
 __all__ = ["CONVERSATION_KEY", "PARTIAL_REWARD_KEY", "grade_once", "wants_conversation"]
 
@@ -88,7 +88,7 @@ def grade_once(session: Session, task: Task, instance: Instance | None,
         computed = _compute(session, task, instance, state, instance_gone, partial_reward)
     finally:
         if computed is None:  # interrupted (Ctrl-C, a bug): record why, then propagate
-            from fleetenv.fleet.verifier import Grade as _Grade
+            from fleetenv.core.types import Grade as _Grade
 
             cause = sys.exc_info()[1]  # what is propagating: named, so it can be found
             computed = _Grade.unknown(
@@ -109,7 +109,7 @@ def _wait(pending: Future[Grade], state: EpisodeState, wait_s: float | None,
     try:
         return pending.result(timeout=wait_s), False
     except FutureTimeout:
-        from fleetenv.fleet.verifier import Grade
+        from fleetenv.core.types import Grade
 
         late = Grade.unknown(
             GradeReason.GRADING_TIMEOUT,
@@ -135,7 +135,8 @@ def _settle(state: EpisodeState, grade: Grade) -> bool:
 
 def _compute(session: Session, task: Task, instance: Instance | None, state: EpisodeState,
              instance_gone: Callable[[], bool] | None, partial_reward: bool) -> Grade:
-    from fleetenv.fleet.verifier import Grade, verify
+    from fleetenv.core.types import Grade
+    from fleetenv.fleet.verifier import verify
 
     started = time.monotonic()
     if instance is None or instance.deleted:

@@ -14,13 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.redaction import scrub_secrets
 from fleetenv.core.retry import Deadline
-from fleetenv.core.vocabulary import GradeStatus, StopReason
+from fleetenv.core.types import GradeStatus, StopReason
 from fleetenv.env.context_tools import ContextTools
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.env.actions import ToolCall
-    from fleetenv.env.observation import Observation
-    from fleetenv.fleet.verifier import Grade
+    from fleetenv.core.types import Grade, Observation, StepInfo, ToolCall
 
 __all__ = ["EpisodeState", "EpisodeStats"]
 
@@ -152,7 +150,7 @@ class EpisodeState:
                             timings=dict(self.timings),
                             tool_timings=tuple(dict(t) for t in self.tool_timings))
 
-    def grade_info(self) -> dict[str, Any]:
+    def grade_info(self) -> StepInfo:
         """The grade's fields as they appear in ``step()``'s final ``info``."""
         grade = self.grade
         if grade is None:

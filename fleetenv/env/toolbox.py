@@ -27,8 +27,8 @@ from fleetenv.core.errors import (
     ToolNotFoundError,
 )
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import Modality
-from fleetenv.env.actions import SUBMIT_FINAL_ANSWER, SUBMIT_FINAL_ANSWER_TOOL, ToolCall
+from fleetenv.core.types import Modality, ToolCall
+from fleetenv.env.actions import SUBMIT_FINAL_ANSWER, SUBMIT_FINAL_ANSWER_TOOL
 from fleetenv.env.context_tools import CONTEXT_TOOLS, context_tool_specs
 from fleetenv.env.driver import OnLoop, Plan
 from fleetenv.env.meta_tools import META_TOOLS, MetaTools, meta_tool_specs

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetenv.core.errors import ConfigurationError, InvalidActionError, ToolCallParseError
-from fleetenv.env.actions import Action, Done, FinalAnswer, ToolCall, parse_action
+from fleetenv.core.types import Action, Done, FinalAnswer, ToolCall
+from fleetenv.env.actions import parse_action
 from fleetenv.env.tool_call_parsing import PARSE_FORMATS, split_tool_calls
 
 __all__ = ["NO_TOOL_CALL_MODES", "Turn", "check_format", "check_no_tool_call", "is_turn",

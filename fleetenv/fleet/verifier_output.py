@@ -27,8 +27,9 @@ import ast
 import re
 from dataclasses import dataclass
 
+from fleetenv.core.types import AppGrade
+
 __all__ = [
-    "AppGrade",
     "PartialScore",
     "accepts_conversation",
     "judge_failed",
@@ -48,20 +49,6 @@ def _block(name: str) -> re.Pattern[str]:
 
 _ERRORS = _block("ERROR_ACCUMULATOR")
 _SUCCESSES = _block("SUCCESS_ACCUMULATOR")
-
-
-@dataclass(frozen=True)
-class AppGrade:
-    """One app's verdict in a multi-app verifier's output."""
-
-    score: float
-    """What its ``App <name>: n`` line said (``1.0`` passed, ``0.0`` failed)."""
-    trivial: bool = False
-    """It passed only because nothing changed there; excluded from the partial score."""
-
-    @property
-    def passed(self) -> bool:
-        return self.score >= 1.0
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetenv.core.errors import ConfigurationError
-from fleetenv.rollouts.rollout import RolloutResult
+from fleetenv.core.types import RolloutResult
 
 __all__ = [
     "OUTCOMES",

@@ -18,9 +18,8 @@ from fleetenv.core.redaction import scrub_secrets
 from fleetenv.reports.transcript import render_transcript, safe_image_url
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.env.observation import Observation
+    from fleetenv.core.types import Observation, RolloutResult
     from fleetenv.rollouts.metrics import Summary
-    from fleetenv.rollouts.rollout import RolloutResult
 
 __all__ = ["image_bytes", "observation_html", "result_html", "summary_html"]
 

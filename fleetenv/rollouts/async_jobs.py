@@ -25,12 +25,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
-from fleetenv.core.vocabulary import StopReason
+from fleetenv.core.types import RolloutResult, StopReason
 from fleetenv.env.driver import blocking_executor
 from fleetenv.fleet.session import Session
 from fleetenv.rollouts.async_rollout import run_episode_async
 from fleetenv.rollouts.jobs import RolloutJob, blame_cancellation, failed_result
-from fleetenv.rollouts.rollout import CancelToken, RolloutResult
+from fleetenv.rollouts.rollout import CancelToken
 from fleetenv.runtime import loop as runtime
 
 __all__ = ["LoopEpisodes"]

@@ -31,7 +31,7 @@ from fleetenv.core.config import FleetConfig
 from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import StopReason
+from fleetenv.core.types import RolloutResult, StopReason
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.rollouts.policy import (
     CallablePolicy,
@@ -44,7 +44,7 @@ from fleetenv.rollouts.policy import (
     parse_policy_spec,
     to_reply,
 )
-from fleetenv.rollouts.rollout import CancelToken, Episode, RolloutResult
+from fleetenv.rollouts.rollout import CancelToken, Episode
 from fleetenv.runtime import loop as runtime
 
 if TYPE_CHECKING:  # pragma: no cover

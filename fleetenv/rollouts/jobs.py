@@ -26,10 +26,10 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event
 from fleetenv.core.redaction import redact
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import StopReason
+from fleetenv.core.types import RolloutResult, StopReason
 from fleetenv.fleet.session import Session
 from fleetenv.rollouts.policy import Policy, PolicyContext, PolicySpec
-from fleetenv.rollouts.rollout import CancelToken, RolloutResult, run_episode
+from fleetenv.rollouts.rollout import CancelToken, run_episode
 
 __all__ = [
     "JobOutcome",

@@ -88,7 +88,7 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import Modality, StopReason
+from fleetenv.core.types import Modality, RolloutResult, StopReason
 from fleetenv.fleet.provisioning import new_run_tag
 from fleetenv.fleet.registry import install_signal_handlers, track
 from fleetenv.fleet.session import Session
@@ -103,7 +103,6 @@ from fleetenv.rollouts.jobs import (
 from fleetenv.rollouts.policy import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
 from fleetenv.rollouts.ray_actors import LiveInstanceCap, RolloutWorker
-from fleetenv.rollouts.rollout import RolloutResult
 
 __all__ = ["RayRunner"]
 

@@ -106,7 +106,7 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import Modality, StopReason
+from fleetenv.core.types import Modality, RolloutResult, StopReason
 from fleetenv.fleet.deadlines import abandon_calls, calls_owner
 from fleetenv.fleet.provisioning import new_run_tag
 from fleetenv.fleet.registry import install_signal_handlers
@@ -127,7 +127,7 @@ from fleetenv.rollouts.jobs import (
 )
 from fleetenv.rollouts.policy import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
-from fleetenv.rollouts.rollout import CancelToken, RolloutResult
+from fleetenv.rollouts.rollout import CancelToken
 from fleetenv.rollouts.runner_async import in_thread, iterate_async, take_slot_async
 from fleetenv.runtime.loop import await_future
 

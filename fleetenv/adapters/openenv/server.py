@@ -91,14 +91,14 @@ from fleetenv.adapters.openenv.access import AccessGuard, AccessRules
 from fleetenv.core.config import finite_reward
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError
 from fleetenv.core.tasks import Task, select_tasks
-from fleetenv.env.actions import ToolCall
+from fleetenv.core.types import ToolCall
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.fleet.session import Session
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI
 
-    from fleetenv.env.observation import Observation as FleetEnvObservation
+    from fleetenv.core.types import Observation as FleetEnvObservation
 
 __all__ = [
     "FleetCallToolObservation",
@@ -345,10 +345,10 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
                                         done=env.done, reward=None)
         if action.type == "call_tool":
             assert action.tool_name is not None  # checked by FleetServerAction
-            observation, reward, terminated, truncated, info = env.step(
+            observation, reward, terminated, truncated, step_info = env.step(
                 ToolCall(action.tool_name, action.arguments))
             done = terminated or truncated
-            reward, info = self._reward(reward, done, info)
+            reward, info = self._reward(reward, done, step_info)
             return FleetCallToolObservation(
                 tool_name=action.tool_name, result=observation.text,
                 task_key=env.task.key, step=observation.step, text=observation.text,
@@ -356,9 +356,9 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
                 stop_reason=info.get("stop_reason"), info=info, metadata=info,
                 done=done, reward=reward)
         turn: object = action.text if action.text is not None else action.message
-        observation, reward, terminated, truncated, info = env.step(turn)
+        observation, reward, terminated, truncated, step_info = env.step(turn)
         done = terminated or truncated
-        reward, info = self._reward(reward, done, info)
+        reward, info = self._reward(reward, done, step_info)
         return FleetServerObservation(
             task_key=env.task.key, prompt=observation.prompt, step=observation.step,
             text=observation.text, messages=observation.to_messages(),
@@ -407,7 +407,7 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
                                          "instance and lists its tools")
         return env
 
-    def _reward(self, reward: float | None, done: bool, info: dict[str, Any]
+    def _reward(self, reward: float | None, done: bool, info: Mapping[str, Any]
                 ) -> tuple[float | None, dict[str, Any]]:
         safe = _json_safe(info)
         if done:

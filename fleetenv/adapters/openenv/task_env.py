@@ -37,10 +37,10 @@ from fleetenv.adapters.openenv.rendering import legacy_value
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task, select_tasks
-from fleetenv.env.actions import SUBMIT_FINAL_ANSWER, ListTools
+from fleetenv.core.types import ListTools, Observation
+from fleetenv.env.actions import SUBMIT_FINAL_ANSWER
 from fleetenv.env.driver import Blocking, Plan, run_async
 from fleetenv.env.fleet_env import FleetEnv
-from fleetenv.env.observation import Observation
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.adapters.openenv.types import FleetObservation, FleetState, StepResult
@@ -404,7 +404,7 @@ class FleetTaskEnv:
         return obs
 
     def _step_result(self, observation: Observation, reward: float | None,
-                     terminated: bool, truncated: bool, info: dict[str, Any], *,
+                     terminated: bool, truncated: bool, step_info: Mapping[str, Any], *,
                      noop: bool) -> StepTuple:
         self.last_observation = observation
         obs = self._base_obs(observation)
@@ -416,7 +416,7 @@ class FleetTaskEnv:
             value = legacy_value(observation.content, observation.error)
         obs["observation"] = value
         done = terminated or truncated
-        info = dict(info)
+        info = dict(step_info)
         if noop:
             info.pop("tool_name", None)
         elif observation.tool_name is not None:

@@ -47,13 +47,12 @@ from fleetenv.adapters.tinker.metrics import (
     turn_metrics,
 )
 from fleetenv.core.errors import EpisodeStateError
-from fleetenv.core.vocabulary import StopReason
-from fleetenv.env.actions import Done, FinalAnswer
+from fleetenv.core.types import Done, FinalAnswer, StopReason
 from fleetenv.env.turns import text_of
 
 if TYPE_CHECKING:
+    from fleetenv.core.types import Observation
     from fleetenv.env.fleet_env import FleetEnv
-    from fleetenv.env.observation import Observation
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "FleetTinkerEnv"]
 
