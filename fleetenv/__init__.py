@@ -26,6 +26,7 @@ _LAZY: dict[str, str] = {
     "select_tasks": "fleetenv.core.tasks",
     # episodes
     "FleetEnv": "fleetenv.env.fleet_env",
+    "EpisodeOptions": "fleetenv.env.options",
     "parse_tool_calls": "fleetenv.env.tool_call_parsing",
     "Tool": "fleetenv.mcp.tools",
     "ToolResult": "fleetenv.mcp.results",
@@ -89,6 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover
         ToolCall,
     )
     from fleetenv.env.fleet_env import FleetEnv
+    from fleetenv.env.options import EpisodeOptions
     from fleetenv.env.tool_call_parsing import parse_tool_calls
     from fleetenv.fleet.evaluator import (
         EvaluationResult,
@@ -125,6 +127,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Done",
+    "EpisodeOptions",
     "EvaluationResult",
     "Evaluator",
     "EventBus",

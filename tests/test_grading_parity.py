@@ -379,7 +379,7 @@ def test_partial_reward_replaces_only_a_zero_score(local_fleet: LocalFleet, scor
 def test_partial_reward_can_be_declared_by_the_task(local_fleet: LocalFleet) -> None:
     task = task_with(PARTIAL.replace("SCORE", "0"), "partial-task", partial_reward=True)
     with make_env(local_fleet, task) as env:
-        assert env.partial_reward is True
+        assert env.options.partial_reward is True
         reward, _ = finish(env)
     assert reward == pytest.approx(2 / 3)
     with make_env(local_fleet, task, partial_reward=False) as env:

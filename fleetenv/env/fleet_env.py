@@ -46,7 +46,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fleetenv.core.config import FleetConfig, finite_reward
+from fleetenv.core.config import FleetConfig
 from fleetenv.core.errors import (
     ConfigurationError,
     DeadlineExceeded,
@@ -88,16 +88,17 @@ from fleetenv.core.types import (
 from fleetenv.env.actions import SUBMIT_FINAL_ANSWER, parse_action
 from fleetenv.env.argument_hints import session_type_error, task_type_error
 from fleetenv.env.driver import Blocking, Plan, run_async, run_sync
-from fleetenv.env.grading import PARTIAL_REWARD_KEY, grade_once
+from fleetenv.env.grading import grade_once
 from fleetenv.env.instance import InstanceLease
+from fleetenv.env.options import EpisodeOptions, ResolvedOptions
 from fleetenv.env.state import EpisodeState, EpisodeStats
 from fleetenv.env.tool_call_parsing import render_tools
 from fleetenv.env.toolbox import Toolbox
-from fleetenv.env.turns import Turn, check_format, check_no_tool_call, is_turn, read_turn
+from fleetenv.env.turns import Turn, is_turn, read_turn
 from fleetenv.env.unclosed import watch, weak_callback
 from fleetenv.fleet.registry import install_signal_handlers
 from fleetenv.fleet.session import Session, default_session
-from fleetenv.mcp.arguments import check_mode
+from fleetenv.mcp.arguments import ArgumentsMode
 from fleetenv.mcp.error_rules import ToolErrorRule, decide, resolve_rule
 from fleetenv.mcp.notifications import ServerLogMessage, ToolProgressUpdate, ToolsListChanged
 
@@ -122,33 +123,11 @@ class FleetEnv:
     ``config=`` or ``api_key=``/``base_url=`` instead gives the env a private session
     with those settings, closed with the env.
 
-    ``check_arguments`` (``"strict"``, ``"lenient"``, ``"off"``) says how a call's
-    arguments are checked against the tool's input schema before sending
-    (:mod:`fleetenv.mcp.arguments`); ``tool_error_rule`` (``"fleet"``, ``"protocol"`` or a
-    callable ``(ToolResult) -> str | None``) decides which results are tool errors
-    (:mod:`fleetenv.mcp.error_rules`). Unset, both come from the config's fields of the
-    same names (defaults ``"strict"`` and ``"fleet"``).
-
-    ``partial_reward`` (default: the task's ``metadata["partial_reward"]``, else off)
-    pays a verifier score of 0.0 as the partial score its output gives, if any
-    (:class:`~fleetenv.Grade`, docs/grading.md).
-
-    ``context_tools=True`` offers the agent the context tools (``check_context``,
-    ``manage_context``, ``search_history``, ``search_tool_output``,
-    ``view_tool_output``), answered locally, and truncates long tool text at
-    ``max_text_chars`` keeping the rest for them; after ``manage_context``,
-    ``info["history"]`` is the trimmed history to continue with. ``meta_tools=True``
-    offers ``search_tools``, ``get_tool_schema`` and ``list_service_tools`` instead of
-    the tool list (for envs with very many tools). See docs/context-tools.md.
-
-    ``step()`` also takes the model's whole turn (its text, an OpenAI assistant message,
-    or a list of tool calls) as one step. ``tool_call_format`` (default ``"auto"``) says
-    how text is read (:func:`~fleetenv.env.tool_call_parsing.parse_tool_calls`);
-    ``no_tool_call`` what a turn without tool calls does: ``"final_answer"`` (default:
-    its text ends the episode as the answer, as Tinker, verifiers and OpenAI agent loops
-    end on a reply without calls) or ``"noop"`` (the turn counts, nothing runs);
-    ``failed_parse_reward`` the reward of a step whose turn could not be read (default
-    ``None``: the usual 0.0). See docs/episodes.md.
+    How its episodes are played (step limit, deadlines, tool checks, how a model's turn
+    is read) is an :class:`~fleetenv.EpisodeOptions`: ``options=``, or its fields as
+    keyword arguments (``FleetEnv(task, max_steps=10, context_tools=True)``), which
+    override ``options``' values; a keyword left ``None`` keeps them. ``env.options``
+    holds them with every default filled in.
 
     Not thread-safe for concurrent ``step`` calls (an episode is one agent), but
     ``close()`` may be called from any thread.
@@ -162,54 +141,44 @@ class FleetEnv:
         api_key: str | None = None,
         base_url: str | None = None,
         config: FleetConfig | None = None,
+        events: EventBus | None = None,
+        options: EpisodeOptions | None = None,
         max_steps: int | None = None,
         ttl_seconds: int | None = None,
         episode_deadline_s: float | None = None,
-        events: EventBus | None = None,
-        max_text_chars: int = 16_000,
+        max_text_chars: int | None = None,
         run_tag: str | None = None,
-        check_arguments: str | None = None,
+        check_arguments: ArgumentsMode | None = None,
         tool_error_rule: str | ToolErrorRule | None = None,
         partial_reward: bool | None = None,
-        context_tools: bool = False,
-        meta_tools: bool = False,
-        tool_call_format: str = "auto",
-        no_tool_call: str = "final_answer",
+        context_tools: bool | None = None,
+        meta_tools: bool | None = None,
+        tool_call_format: str | None = None,
+        no_tool_call: str | None = None,
         failed_parse_reward: float | None = None,
     ) -> None:
         self.task = _as_task(task)
         install_signal_handlers()  # here: reset() may run in a worker thread
         self.session, self._owns_session = _pick_session(session, config, api_key, base_url)
         self.config: FleetConfig = self.session.config
-        modality = self.task.modality
-        self.max_steps = max_steps or self.config.max_steps
-        self.ttl_seconds = ttl_seconds or self.config.ttl_for(modality)
-        self.episode_deadline_s = (episode_deadline_s
-                                   or self.config.episode_deadline_for(modality))
-        self.max_text_chars = max_text_chars
-        #: Replace a 0.0 score by the verifier's partial score (see ``Grade``); default:
-        #: the task's ``metadata["partial_reward"]``, else off.
-        self.partial_reward = (bool(self.task.metadata.get(PARTIAL_REWARD_KEY, False))
-                               if partial_reward is None else partial_reward)
+        #: The episode options, every default filled in.
+        self.options: ResolvedOptions = EpisodeOptions.of(
+            options, max_steps=max_steps, ttl_seconds=ttl_seconds,
+            episode_deadline_s=episode_deadline_s, max_text_chars=max_text_chars,
+            run_tag=run_tag, check_arguments=check_arguments, tool_error_rule=tool_error_rule,
+            partial_reward=partial_reward, context_tools=context_tools, meta_tools=meta_tools,
+            tool_call_format=tool_call_format, no_tool_call=no_tool_call,
+            failed_parse_reward=failed_parse_reward).resolved(self.config, self.task)
         self.events = events if events is not None else self.session.events
 
         self._ref = RolloutRef(task_key=self.task.key, env_key=self.task.env_spec)
-        self._lease = InstanceLease(self.session, self.task, ttl_seconds=self.ttl_seconds,
-                                    run_tag=run_tag, emit=weak_callback(self._emit),
+        self._lease = InstanceLease(self.session, self.task,
+                                    ttl_seconds=self.options.ttl_seconds,
+                                    run_tag=self.options.run_tag, emit=weak_callback(self._emit),
                                     on_instance=weak_callback(self._on_instance))
         self._state = EpisodeState()
-        self.check_arguments = check_mode(
-            check_arguments if check_arguments is not None else self.config.check_arguments)
-        self._tool_error_rule = resolve_rule(
-            tool_error_rule if tool_error_rule is not None else self.config.tool_error_rule)
-        self.context_tools = _flag(context_tools, "context_tools")
-        self.meta_tools = _flag(meta_tools, "meta_tools")
-        self._toolbox = Toolbox(self.task, self.config, max_text_chars=max_text_chars,
-                                check_arguments=self.check_arguments,
-                                context_tools=self.context_tools, meta_tools=self.meta_tools)
-        self.tool_call_format = check_format(tool_call_format)
-        self.no_tool_call = check_no_tool_call(no_tool_call)
-        self.failed_parse_reward = _reward_value(failed_parse_reward)
+        self._tool_error_rule = resolve_rule(self.options.tool_error_rule)
+        self._toolbox = Toolbox(self.task, self.config, self.options)
         self._closed = False
         self._close_lock = threading.Lock()
         self._episodes = 0
@@ -335,7 +304,7 @@ class FleetEnv:
             raise EpisodeStateError("tools_prompt() has no tools to render yet",
                                     hint="call reset() first: it lists the tools",
                                     task=self.task.key)
-        chosen = format or (self.tool_call_format if self.tool_call_format != "auto"
+        chosen = format or (self.options.tool_call_format if self.options.tool_call_format != "auto"
                             else "hermes")
         return render_tools(tools, chosen)
 
@@ -411,7 +380,7 @@ class FleetEnv:
         if self._episodes:  # the first episode keeps the id `rollout_id` showed before reset
             self._ref = RolloutRef(task_key=self.task.key, env_key=self.task.env_spec,
                                    instance_id=self.instance_id)
-        self._state = state = EpisodeState(self.episode_deadline_s, active=True)
+        self._state = state = EpisodeState(self.options.episode_deadline_s, active=True)
         self._episodes += 1
         self._emit(RolloutStarted, modality=self.task.modality)
         info: ResetInfo = {"task_key": self.task.key, "rollout_id": self.rollout_id}
@@ -469,8 +438,8 @@ class FleetEnv:
                 hint="call reset() to start a new episode", task=self.task.key)
         turn: Turn | None = None
         if is_turn(action):
-            turn = read_turn(action, format=self.tool_call_format,
-                             no_tool_call=self.no_tool_call)
+            turn = read_turn(action, format=self.options.tool_call_format,
+                             no_tool_call=self.options.no_tool_call)
             actions = turn.actions
         else:
             actions = parse_action(action)
@@ -496,11 +465,11 @@ class FleetEnv:
             elif isinstance(item, Done):
                 state.stop(StopReason.AGENT_DONE)
             elif isinstance(item, ToolCall):
-                if self.context_tools:
+                if self.options.context_tools:
                     state.record_call(item, self.task.prompt)
                 observation = yield from self._tool_plan(item, info)
                 per_call.append(observation)
-                if self.context_tools:
+                if self.options.context_tools:
                     history = state.record_observation(observation)
                     if history is not None:  # manage_context: the caller adopts this
                         info["history"] = history
@@ -514,14 +483,14 @@ class FleetEnv:
             info["tools_changed"] = True
         self._report_notifications()
         state.timings["steps_s"] += time.monotonic() - started
-        if state.step >= self.max_steps:
+        if state.step >= self.options.max_steps:
             state.stop(StopReason.MAX_STEPS)
         if state.deadline.expired():
             state.stop(StopReason.TIME_LIMIT)
         reward: float | None = 0.0
         if turn is not None and turn.parse_error is not None and (
-                self.failed_parse_reward is not None):
-            reward = self.failed_parse_reward
+                self.options.failed_parse_reward is not None):
+            reward = self.options.failed_parse_reward
         if state.stop_reason is not None:
             grade = yield from self._finish_plan(state.stop_reason)
             reward = grade.reward
@@ -639,8 +608,9 @@ class FleetEnv:
             info["tool_error"] = error
         self._call_finished(name, "ok" if error is None else "tool_error", duration_s,
                             error=error)
-        content = (state.context.render(result, self.max_text_chars) if self.context_tools
-                   else result.to_openai_content(self.max_text_chars))
+        chars = self.options.max_text_chars
+        content = (state.context.render(result, chars) if self.options.context_tools
+                   else result.to_openai_content(chars))
         return self._observation(content, tool_name=name, call_id=call.id, result=result,
                                  error=error)
 
@@ -727,7 +697,7 @@ class FleetEnv:
     def _grade(self, state: EpisodeState, reason: StopReason) -> Grade:
         grade, _settled = grade_once(
             self.session, self.task, self._lease.instance, state, self._lease.is_gone,
-            partial_reward=self.partial_reward,
+            partial_reward=self.options.partial_reward,
             wait_s=self.config.verifier_timeout_s + _GRADE_WAIT_SLACK_S,
             on_settled=lambda settled: self._on_graded(settled, state, reason))
         return grade
@@ -856,22 +826,6 @@ def _pick_session(session: Session | None, config: FleetConfig | None,
     if config is not None:
         return Session(config), True
     return Session(api_key=api_key, base_url=base_url), True
-
-
-def _reward_value(value: object) -> float | None:
-    """``failed_parse_reward``: ``None`` or a finite number, checked where it is given."""
-    if value is None:
-        return None
-    return finite_reward(value, field="failed_parse_reward",
-                         hint="e.g. failed_parse_reward=-1.0, or None for the usual 0.0")
-
-
-def _flag(value: object, name: str) -> bool:
-    """An on/off option, refused unless it is a bool (``"false"`` is not false)."""
-    if not isinstance(value, bool):
-        raise ConfigurationError(f"FleetEnv({name}=...) must be True or False, got "
-                                 f"{value!r:.60}", hint=f"pass {name}=True to enable it")
-    return value
 
 
 def _messages(messages: object) -> list[Any] | None:

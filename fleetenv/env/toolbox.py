@@ -32,13 +32,14 @@ from fleetenv.env.actions import SUBMIT_FINAL_ANSWER, SUBMIT_FINAL_ANSWER_TOOL
 from fleetenv.env.context_tools import CONTEXT_TOOLS, context_tool_specs
 from fleetenv.env.driver import OnLoop, Plan
 from fleetenv.env.meta_tools import META_TOOLS, MetaTools, meta_tool_specs
-from fleetenv.mcp.arguments import ArgumentChecker, ArgumentsMode
+from fleetenv.mcp.arguments import ArgumentChecker
 from fleetenv.mcp.tools import Tool
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Mapping
 
     from fleetenv.core.retry import RetryPolicy
+    from fleetenv.env.options import ResolvedOptions
     from fleetenv.mcp.notifications import Notification
     from fleetenv.mcp.results import ToolResult
     from fleetenv.mcp.router import ToolRouter
@@ -66,12 +67,10 @@ def watchdog(seconds: float) -> float:
 class Toolbox:
     """The tools one env offers its agent, and the MCP sessions behind them."""
 
-    def __init__(self, task: Task, config: FleetConfig, *, max_text_chars: int,
-                 check_arguments: ArgumentsMode = "strict", context_tools: bool = False,
-                 meta_tools: bool = False) -> None:
+    def __init__(self, task: Task, config: FleetConfig, options: ResolvedOptions) -> None:
         self.task = task
-        self.context_tools = context_tools
-        self.meta_tools = meta_tools
+        self.context_tools = context_tools = options.context_tools
+        self.meta_tools = meta_tools = options.meta_tools
         #: The meta-tools' index over the current MCP tools (meta-tools mode only).
         self.meta: MetaTools | None = None
         #: Tools answered by fleetenv itself, never sent to MCP.
@@ -79,11 +78,11 @@ class Toolbox:
             t.name: t for t in [*(context_tool_specs() if context_tools else []),
                                 *(meta_tool_specs() if meta_tools else [])]}
         self.config = config
-        self.max_text_chars = max_text_chars
+        self.max_text_chars = options.max_text_chars
         self.router: ToolRouter | None = None
         self.tools: list[Tool] = []
         self.openai_tools: list[dict[str, Any]] = []
-        self._arguments = ArgumentChecker(check_arguments)
+        self._arguments = ArgumentChecker(options.check_arguments)
         #: What the servers said unasked (tool list changes, logs, progress), appended on
         #: the loop thread and taken by the env after each step (deque ops are atomic).
         self.notifications: deque[Notification] = deque(maxlen=_MAX_PENDING_NOTIFICATIONS)

@@ -112,9 +112,9 @@ class LoopEpisodes:
         try:
             result = await run_episode_async(
                 job.task, job.policy, session=self._session, sample=job.sample,
-                events=self._events, max_steps=settings.max_steps,
+                events=self._events, options=settings.options,
                 system_prompt=settings.system_prompt, cancel=cancel,
-                run_tag=settings.run_tag, policy_executor=self._policies)
+                policy_executor=self._policies)
         finally:
             blocking_executor.reset(token)
         if cancel.is_set():

@@ -48,6 +48,7 @@ from fleetenv.rollouts.rollout import CancelToken, Episode
 from fleetenv.runtime import loop as runtime
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.env.options import EpisodeOptions
     from fleetenv.fleet.session import Session
 
 __all__ = ["is_async_policy", "run_episode_async", "runs_on_loop"]
@@ -135,6 +136,7 @@ async def run_episode_async(
     config: FleetConfig | None = None,
     sample: int = 0,
     events: EventBus | None = None,
+    options: EpisodeOptions | None = None,
     max_steps: int | None = None,
     system_prompt: str | None = None,
     cancel: CancelToken | None = None,
@@ -154,7 +156,7 @@ async def run_episode_async(
         actor = _Actor(policy, policy_executor)
         episode.result.policy = actor.label
         env = episode.make_env(session=session, config=config, events=events,
-                               max_steps=max_steps, run_tag=run_tag)
+                               options=options, max_steps=max_steps, run_tag=run_tag)
         if cancel is not None and not cancel.try_register(env):
             raise RolloutCancelled("the run was cancelled")
         observation, _ = await env.reset_async()

@@ -24,6 +24,7 @@ from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.rollouts.policy import Policy, PolicyContext, Reply, as_policy
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.env.options import EpisodeOptions
     from fleetenv.fleet.session import Session
 
 __all__ = ["CancelToken", "Episode", "RolloutCancelled", "run_episode"]
@@ -82,6 +83,7 @@ def run_episode(
     config: FleetConfig | None = None,
     sample: int = 0,
     events: EventBus | None = None,
+    options: EpisodeOptions | None = None,
     max_steps: int | None = None,
     system_prompt: str | None = None,
     cancel: CancelToken | None = None,
@@ -90,10 +92,11 @@ def run_episode(
     """Play one episode of ``policy`` on ``task`` and return its result record.
 
     Runs on ``session`` (default: the default session; ``config=`` instead: a private
-    session with those settings). Never raises for a broken episode; see the module
-    docstring. Each policy reply is ONE step (``env.step`` gets the reply's actions as
-    one turn), so a reply with N tool calls counts once toward ``max_steps``.
-    ``run_episode_async`` is the awaitable twin.
+    session with those settings). ``options`` are the episode's
+    :class:`~fleetenv.EpisodeOptions`; ``max_steps`` and ``run_tag`` override theirs.
+    Never raises for a broken episode; see the module docstring. Each policy reply is
+    ONE step (``env.step`` gets the reply's actions as one turn), so a reply with N tool
+    calls counts once toward ``max_steps``. ``run_episode_async`` is the awaitable twin.
     """
     episode = Episode(task, sample, system_prompt)
     env: FleetEnv | None = None
@@ -101,7 +104,7 @@ def run_episode(
         agent = as_policy(policy)
         episode.result.policy = getattr(policy, "describe", lambda: type(agent).__name__)()
         env = episode.make_env(session=session, config=config, events=events,
-                               max_steps=max_steps, run_tag=run_tag)
+                               options=options, max_steps=max_steps, run_tag=run_tag)
         if cancel is not None:
             cancel.register(env)
         observation, _ = env.reset()

@@ -93,6 +93,7 @@ from fleetenv.core.errors import ConfigurationError, EpisodeStateError
 from fleetenv.core.tasks import Task, select_tasks
 from fleetenv.core.types import ToolCall
 from fleetenv.env.fleet_env import FleetEnv
+from fleetenv.env.options import EpisodeOptions
 from fleetenv.fleet.session import Session
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -223,14 +224,14 @@ class FleetServerSettings:
     ``tasks`` maps task keys to tasks; ``default_task`` is the key a ``reset`` without
     ``task`` plays (default: the only task, if there is one). ``session`` is the
     :class:`fleetenv.Session` all episodes run on (its caps hold across sessions).
-    ``env_options`` go to each :class:`fleetenv.FleetEnv` (``max_steps``,
-    ``tool_call_format``, ``no_tool_call``, ...).
+    ``options`` are the :class:`fleetenv.EpisodeOptions` of every episode
+    (``max_steps``, ``tool_call_format``, ``no_tool_call``, ...).
     """
 
     tasks: Mapping[str, Task]
     session: Session
     default_task: str | None = None
-    env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    options: EpisodeOptions = dataclasses.field(default_factory=EpisodeOptions)
     unknown_reward: float | None = None
 
     def __post_init__(self) -> None:
@@ -246,11 +247,12 @@ class FleetServerSettings:
     @classmethod
     def build(cls, tasks: Sequence[Task] | Mapping[str, Task], *,
               session: Session | None = None, default_task: str | None = None,
-              unknown_reward: float | None = None,
-              **env_options: Any) -> FleetServerSettings:
+              unknown_reward: float | None = None, options: EpisodeOptions | None = None,
+              **episode_options: Any) -> FleetServerSettings:
         by_key = dict(tasks) if isinstance(tasks, Mapping) else {t.key: t for t in tasks}
         return cls(tasks=by_key, session=session if session is not None else Session(),
-                   default_task=default_task, env_options=env_options,
+                   default_task=default_task,
+                   options=EpisodeOptions.of(options, **episode_options),
                    unknown_reward=unknown_reward)
 
     def pick(self, key: str | None) -> Task:
@@ -327,7 +329,7 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
                 previous, env = env, None
             if env is None:
                 env = FleetEnv(task, session=self.settings.session,
-                               **dict(self.settings.env_options))
+                               options=self.settings.options)
                 self.fleet_env = env
         if previous is not None:
             previous.close(grade=False)

@@ -176,15 +176,15 @@ class FleetTaskEnv:
     def partial_reward(self) -> bool:
         """Whether a 0.0 score is replaced by the verifier's partial score (default:
         the task's ``metadata["partial_reward"]``, else off, as in the original)."""
-        return self._env.partial_reward
+        return self._env.options.partial_reward
 
     @property
     def ttl_seconds(self) -> int:
-        return self._env.ttl_seconds
+        return self._env.options.ttl_seconds
 
     @property
     def max_steps(self) -> int:
-        return self._env.max_steps
+        return self._env.options.max_steps
 
     @property
     def request_timeout_s(self) -> float:

@@ -135,7 +135,7 @@ class FleetTinkerEnv(cb.EnvBase):
             # fleetenv reads the broken call itself: a parse-error turn, an event, a count.
             turn = "\n".join(call.raw_text for call in unparsed)
         else:
-            turn = _fleet_turn(message, self.fleet_env.no_tool_call)
+            turn = _fleet_turn(message, self.fleet_env.options.no_tool_call)
         started = time.monotonic()
         observation, reward, terminated, truncated, info = (
             await self.fleet_env.step_async(turn))
