@@ -267,7 +267,7 @@ def test_a_step_without_tool_or_done_is_the_originals_no_op(local_fleet: LocalFl
     assert "tool_result" not in info and "tool_name" not in info and info["done_reason"] is None
     obs, reward, done, info = env.step({})  # the original read every key with a default
     assert done and info["done_reason"] == "max_steps" and obs["observation"] == {}
-    assert reward == 0.0 and env.env.tool_calls == 0  # nothing ran; the task is undone
+    assert reward == 0.0 and env.env.stats.tool_calls == 0  # nothing ran; the task is undone
     env.close()
 
 

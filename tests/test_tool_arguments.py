@@ -135,7 +135,7 @@ def test_undeclared_argument_is_reported_by_default_and_nothing_is_sent(
                                     "takes: status, priority, ")
         assert obs.text == f"Error: {obs.error}"
         assert info["tool_error"] == obs.error
-        assert env.tool_errors == 1 and env.tool_calls == 1  # refused: a call, not sent
+        assert env.stats.tool_errors == 1 and env.stats.tool_calls == 1  # refused: a call, not sent
         assert executed(local_fleet, env, "search_tickets") == 0
         # A near miss gets a suggestion.
         obs, *_ = env.step(ToolCall("find_customers", {"qury": "acme"}))
@@ -144,7 +144,7 @@ def test_undeclared_argument_is_reported_by_default_and_nothing_is_sent(
         obs, *_ = env.step(ToolCall("search_tickets", '{"status": "open", "limit": 2}'))
         assert not obs.is_error, obs.error
         assert executed(local_fleet, env, "search_tickets") == 1
-        assert env.tool_errors == 2
+        assert env.stats.tool_errors == 2
 
 
 
@@ -189,7 +189,7 @@ def test_missing_required_and_wrong_type_are_named(local_fleet: LocalFleet) -> N
         assert "got \"opn\"" in obs.error and "argument 'limit'" in obs.error
         assert executed(local_fleet, env, "get_ticket") == 0
         assert executed(local_fleet, env, "search_tickets") == 0
-        assert env.tool_errors == 3
+        assert env.stats.tool_errors == 3
 
 
 def test_nested_objects_are_checked_too(local_fleet: LocalFleet) -> None:

@@ -376,7 +376,7 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
         stop = env.stop_reason
         reward = env.reward if env.done else None
         return FleetServerState(
-            episode_id=self._episode_id, step_count=env.turns, task_key=env.task.key,
+            episode_id=self._episode_id, step_count=env.stats.turns, task_key=env.task.key,
             env_key=env.task.env_spec, instance_id=env.instance_id, done=env.done,
             reward=reward, stop_reason=str(stop.value) if stop is not None else None)
 

@@ -267,7 +267,7 @@ class FleetTaskEnv:
 
     @property
     def _step_count(self) -> int:
-        return self._env.turns
+        return self._env.stats.turns
 
     @property
     def _submitted_answer(self) -> str | None:
@@ -356,7 +356,7 @@ class FleetTaskEnv:
         """The episode as OpenEnv's ``State`` (``episode_id`` is the rollout id)."""
         from fleetenv.adapters.openenv.types import FleetState
 
-        return FleetState(episode_id=self._env.rollout_id, step_count=self._env.turns,
+        return FleetState(episode_id=self._env.rollout_id, step_count=self._env.stats.turns,
                           task_key=self.task_key, env_key=self._env.task.env_spec,
                           instance_id=self.instance_id, root_url=self.root_url,
                           done=self._done, final_reward=self.final_reward)
