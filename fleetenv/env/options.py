@@ -17,11 +17,16 @@ from fleetenv.core.config import FleetConfig, finite_reward
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.tasks import Task
 from fleetenv.env.grading import PARTIAL_REWARD_KEY
-from fleetenv.env.turns import check_format, check_no_tool_call
+from fleetenv.env.tool_call_parsing import PARSE_FORMATS
 from fleetenv.mcp.arguments import ArgumentsMode, check_mode
 from fleetenv.mcp.error_rules import ToolErrorRule, resolve_rule
 
-__all__ = ["OPTION_NAMES", "EpisodeOptions", "ResolvedOptions"]
+__all__ = ["NO_TOOL_CALL_MODES", "OPTION_NAMES", "EpisodeOptions", "ResolvedOptions"]
+
+#: What a turn without tool calls does: end the episode with its text as the final
+#: answer (``Done`` when there is no text), or nothing (the turn counts, the agent is
+#: told it made no call).
+NO_TOOL_CALL_MODES = ("final_answer", "noop")
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,10 @@ class EpisodeOptions:
             resolve_rule(self.tool_error_rule)
         _flag(self.context_tools, "context_tools")
         _flag(self.meta_tools, "meta_tools")
-        object.__setattr__(self, "tool_call_format", check_format(self.tool_call_format))
-        check_no_tool_call(self.no_tool_call)
+        fmt = self.tool_call_format
+        object.__setattr__(self, "tool_call_format", _choice(
+            fmt.lower() if isinstance(fmt, str) else fmt, PARSE_FORMATS, "tool_call_format"))
+        _choice(self.no_tool_call, NO_TOOL_CALL_MODES, "no_tool_call")
         if self.failed_parse_reward is not None:
             object.__setattr__(self, "failed_parse_reward", finite_reward(
                 self.failed_parse_reward, field="failed_parse_reward",
@@ -145,6 +152,14 @@ def _known(values: dict[str, Any], what: str) -> dict[str, Any]:
         raise ConfigurationError(f"unknown episode {what}(s): {', '.join(unknown)}",
                                  hint=f"the options are {', '.join(OPTION_NAMES)}")
     return values
+
+
+def _choice(value: object, allowed: tuple[str, ...], name: str) -> str:
+    """One of ``allowed``, refused with the list otherwise."""
+    if isinstance(value, str) and value in allowed:
+        return value
+    raise ConfigurationError(f"{name}={value!r:.40} is not one of {', '.join(allowed)}",
+                             hint=f"e.g. {name}={allowed[0]!r}")
 
 
 def _flag(value: object, name: str) -> bool:

@@ -132,11 +132,6 @@ class EpisodeState:
         return self._completed
 
     @property
-    def grading_in_flight(self) -> bool:
-        """A verifier is running for this episode and has not answered yet."""
-        return self.grading is not None and not self.grading.done()
-
-    @property
     def grade_status(self) -> GradeStatus:
         return GradeStatus.NOT_GRADED if self.grade is None else self.grade.status
 
