@@ -29,7 +29,7 @@ _LAZY: dict[str, str] = {
     "EpisodeOptions": "fleetenv.env.options",
     "parse_tool_calls": "fleetenv.env.tool_call_parsing",
     "Tool": "fleetenv.mcp.tools",
-    "ToolResult": "fleetenv.mcp.results",
+    "ToolResult": "fleetenv.core.tool_results",
     # the episode contract (one module: fleetenv.core.types)
     "ToolCall": "fleetenv.core.types",
     "FinalAnswer": "fleetenv.core.types",
@@ -74,6 +74,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.event_sinks import JsonlSink
     from fleetenv.core.task_files import load_tasks
     from fleetenv.core.tasks import Task, select_tasks
+    from fleetenv.core.tool_results import ToolResult
     from fleetenv.core.types import (
         Done,
         FinalAnswer,
@@ -101,7 +102,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.session import Session
     from fleetenv.fleet.warm_pool import WarmPool
     from fleetenv.local import LocalFleet
-    from fleetenv.mcp.results import ToolResult
     from fleetenv.mcp.tools import Tool
     from fleetenv.rollouts.async_rollout import run_episode_async
     from fleetenv.rollouts.metrics import summarize

@@ -272,7 +272,7 @@ def test_a_step_without_tool_or_done_is_the_originals_no_op(local_fleet: LocalFl
 
 
 def test_json_output_arrives_parsed_and_the_typed_result_stays(local_fleet: LocalFleet) -> None:
-    from fleetenv.mcp.results import ToolResult
+    from fleetenv.core.tool_results import ToolResult
 
     raw = next(t for t in RAW_TASKS if t["key"] == "shop-count-shipped")
     with drop_in(local_fleet, raw) as env:

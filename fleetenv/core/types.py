@@ -2,8 +2,8 @@
 
 Read top to bottom, this is everything a caller of :class:`~fleetenv.FleetEnv` (or a
 trainer adapter) exchanges with an episode. It is plain data: no I/O, no event loop,
-nothing from the layers above (the MCP ``ToolResult`` an observation carries is only
-named for type checkers), so every layer of fleetenv can use it::
+nothing from the layers above (the typed tool result an observation carries is core's
+too: :mod:`fleetenv.core.tool_results`), so every layer of fleetenv can use it::
 
     obs, info = env.reset()                    # Observation, ResetInfo
     result = env.step(ToolCall("get_ticket", {"ticket_id": 7}))   # an Action
@@ -44,7 +44,7 @@ from fleetenv.core.errors import ToolArgumentsError, VerifierError
 from fleetenv.core.redaction import redact, scrub_secrets, scrub_value
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.mcp.results import ToolResult
+    from fleetenv.core.tool_results import ToolResult
 
 __all__ = [
     "Action",

@@ -53,12 +53,12 @@ from fleetenv.mcp.error_rules import decide, resolve_rule
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.config import FleetConfig
     from fleetenv.core.tasks import Task
+    from fleetenv.core.tool_results import ToolResult
     from fleetenv.env.instance import InstanceLease
     from fleetenv.env.options import ResolvedOptions
     from fleetenv.env.state import EpisodeState
     from fleetenv.env.toolbox import Toolbox
     from fleetenv.env.turns import Turn
-    from fleetenv.mcp.results import ToolResult
 
 __all__ = ["StepActions"]
 

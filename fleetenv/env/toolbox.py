@@ -44,10 +44,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Mapping
 
     from fleetenv.core.retry import Deadline, RetryPolicy
+    from fleetenv.core.tool_results import ToolResult
     from fleetenv.env.instance import InstanceLease
     from fleetenv.env.options import ResolvedOptions
     from fleetenv.mcp.notifications import Notification
-    from fleetenv.mcp.results import ToolResult
     from fleetenv.mcp.router import ToolRouter
 
 __all__ = ["Toolbox"]
