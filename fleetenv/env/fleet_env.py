@@ -120,17 +120,18 @@ class FleetEnv:
         failed_parse_reward: float | None = None,
     ) -> None:
         self.task = _as_task(task)
-        install_signal_handlers()  # here: reset() may run in a worker thread
-        self.session, self._owns_session = _pick_session(session, config, api_key, base_url)
-        self.config: FleetConfig = self.session.config
-        #: The episode options, every default filled in.
-        self.options: ResolvedOptions = EpisodeOptions.of(
+        given = EpisodeOptions.of(  # checked before a private session exists
             options, max_steps=max_steps, ttl_seconds=ttl_seconds,
             episode_deadline_s=episode_deadline_s, max_text_chars=max_text_chars,
             run_tag=run_tag, check_arguments=check_arguments, tool_error_rule=tool_error_rule,
             partial_reward=partial_reward, context_tools=context_tools, meta_tools=meta_tools,
             tool_call_format=tool_call_format, no_tool_call=no_tool_call,
-            failed_parse_reward=failed_parse_reward).resolved(self.config, self.task)
+            failed_parse_reward=failed_parse_reward)
+        install_signal_handlers()  # here: reset() may run in a worker thread
+        self.session, self._owns_session = _pick_session(session, config, api_key, base_url)
+        self.config: FleetConfig = self.session.config
+        #: The episode options, every default filled in.
+        self.options: ResolvedOptions = given.resolved(self.config, self.task)
         self.events = events if events is not None else self.session.events
 
         self._ref = RolloutRef(task_key=self.task.key, env_key=self.task.env_spec)
