@@ -64,8 +64,8 @@ def main() -> int:
 
         _, reward, terminated, _, info = env.step(
             ToolCall("submit_final_answer", {"answer": answer}))
-        print(f"\nanswer={answer} reward={reward} tool_calls={env.tool_calls} "
-              f"tool_errors={env.tool_errors}")
+        print(f"\nanswer={answer} reward={reward} tool_calls={env.stats.tool_calls} "
+              f"tool_errors={env.stats.tool_errors}")
         return 0 if terminated and reward == 1.0 else 1
 
 

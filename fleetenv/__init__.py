@@ -28,18 +28,24 @@ _LAZY: dict[str, str] = {
     "select_tasks": "fleetenv.core.tasks",
     # episodes
     "FleetEnv": "fleetenv.env.fleet_env",
-    "Observation": "fleetenv.env.observation",
-    "ToolCall": "fleetenv.env.actions",
-    "FinalAnswer": "fleetenv.env.actions",
-    "Done": "fleetenv.env.actions",
+    "EpisodeOptions": "fleetenv.env.options",
     "parse_tool_calls": "fleetenv.env.tool_call_parsing",
     "Tool": "fleetenv.mcp.tools",
-    "ToolResult": "fleetenv.mcp.results",
-    "Grade": "fleetenv.fleet.verifier",
-    # vocabularies
-    "Modality": "fleetenv.core.vocabulary",
-    "StopReason": "fleetenv.core.vocabulary",
-    "GradeStatus": "fleetenv.core.vocabulary",
+    "ToolResult": "fleetenv.core.tool_results",
+    # the episode contract (one module: fleetenv.core.types)
+    "ToolCall": "fleetenv.core.types",
+    "FinalAnswer": "fleetenv.core.types",
+    "Done": "fleetenv.core.types",
+    "Observation": "fleetenv.core.types",
+    "StepResult": "fleetenv.core.types",
+    "StepInfo": "fleetenv.core.types",
+    "ResetInfo": "fleetenv.core.types",
+    "Grade": "fleetenv.core.types",
+    "RolloutResult": "fleetenv.core.types",
+    "Modality": "fleetenv.core.types",
+    "StopReason": "fleetenv.core.types",
+    "GradeStatus": "fleetenv.core.types",
+    "GradeReason": "fleetenv.core.types",
     # evaluating tasks with Fleet's harness jobs
     "Evaluator": "fleetenv.fleet.evaluator",
     "EvaluationResult": "fleetenv.fleet.evaluator",
@@ -51,7 +57,6 @@ _LAZY: dict[str, str] = {
     "run_episode_async": "fleetenv.rollouts.async_rollout",
     "RayRunner": "fleetenv.rollouts.ray_runner",
     "WarmPool": "fleetenv.fleet.warm_pool",
-    "RolloutResult": "fleetenv.rollouts.rollout",
     "PolicyContext": "fleetenv.rollouts.policy",
     "Reply": "fleetenv.rollouts.policy",
     "PolicySpec": "fleetenv.rollouts.policy_spec",
@@ -73,10 +78,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.event_sinks import JsonlSink
     from fleetenv.core.task_files import bundled_tasks_path, load_tasks
     from fleetenv.core.tasks import Task, select_tasks
-    from fleetenv.core.vocabulary import GradeStatus, Modality, StopReason
-    from fleetenv.env.actions import Done, FinalAnswer, ToolCall
+    from fleetenv.core.tool_results import ToolResult
+    from fleetenv.core.types import (
+        Done,
+        FinalAnswer,
+        Grade,
+        GradeReason,
+        GradeStatus,
+        Modality,
+        Observation,
+        ResetInfo,
+        RolloutResult,
+        StepInfo,
+        StepResult,
+        StopReason,
+        ToolCall,
+    )
     from fleetenv.env.fleet_env import FleetEnv
-    from fleetenv.env.observation import Observation
+    from fleetenv.env.options import EpisodeOptions
     from fleetenv.env.tool_call_parsing import parse_tool_calls
     from fleetenv.fleet.evaluator import (
         EvaluationResult,
@@ -85,10 +104,8 @@ if TYPE_CHECKING:  # pragma: no cover
         evaluate_task_async,
     )
     from fleetenv.fleet.session import Session
-    from fleetenv.fleet.verifier import Grade
     from fleetenv.fleet.warm_pool import WarmPool
     from fleetenv.local import LocalFleet
-    from fleetenv.mcp.results import ToolResult
     from fleetenv.mcp.tools import Tool
     from fleetenv.rollouts.async_rollout import run_episode_async
     from fleetenv.rollouts.metrics import summarize
@@ -96,7 +113,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.rollouts.policy_spec import PolicySpec
     from fleetenv.rollouts.ray_runner import RayRunner
     from fleetenv.rollouts.results import ResultsWriter, read_results
-    from fleetenv.rollouts.rollout import RolloutResult, run_episode
+    from fleetenv.rollouts.rollout import run_episode
     from fleetenv.rollouts.runner import Runner
 
 
@@ -129,6 +146,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Done",
+    "EpisodeOptions",
     "EvaluationResult",
     "Evaluator",
     "EventBus",
@@ -137,6 +155,7 @@ __all__ = [
     "FleetEnv",
     "FleetEnvError",
     "Grade",
+    "GradeReason",
     "GradeStatus",
     "JsonlSink",
     "LocalFleet",
@@ -146,10 +165,13 @@ __all__ = [
     "PolicySpec",
     "RayRunner",
     "Reply",
+    "ResetInfo",
     "ResultsWriter",
     "RolloutResult",
     "Runner",
     "Session",
+    "StepInfo",
+    "StepResult",
     "StopReason",
     "Task",
     "Tool",

@@ -138,11 +138,11 @@ def test_model_text_is_one_turn_with_replayable_ids(local_fleet: LocalFleet) -> 
         assert [(m["role"], m["tool_call_id"]) for m in messages] == [
             ("tool", "call_1_0"), ("tool", "call_1_1")]
         assert info["tool_calls"] == 2 and (reward, terminated, truncated) == (0.0, False, False)
-        assert env.fleet_env.turns == 1  # two calls, one step toward max_steps=2
+        assert env.fleet_env.stats.turns == 1  # two calls, one step toward max_steps=2
         broken = '<tool_call>{"name": "get_ticket", "arguments": {</tool_call>'
         obs, reward, terminated, truncated, info = env.step(broken)
         assert "could not be read" in info["parse_error"] and not (terminated or truncated)
-        assert env.fleet_env.turns == 1 and env.fleet_env.tool_calls == 2
+        assert env.fleet_env.stats.turns == 1 and env.fleet_env.stats.tool_calls == 2
 
 
 @pytest.mark.parametrize("action", [
@@ -167,7 +167,7 @@ def test_an_action_with_no_tool_call_is_an_observation_not_an_error(
         assert json.loads(obs["messages"])[0]["role"] == "user"
         # Nothing of a bad action ran, not even the good call beside a bad one.
         assert local_fleet.tool_call_counts(instance) == {}
-        assert env.fleet_env.turns == 0
+        assert env.fleet_env.stats.turns == 0
         # The episode goes on.
         _, _, _, _, info = env.step(json.dumps({"name": "get_ticket",
                                                 "arguments": {"ticket_id": 1124}}))

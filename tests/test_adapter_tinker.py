@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 import fleetenv
-from fleetenv import bundled_tasks_path
+from fleetenv import EpisodeOptions, bundled_tasks_path
 from fleetenv.local import LocalFleet
 
 HAVE_COOKBOOK = importlib.util.find_spec("tinker_cookbook") is not None
@@ -441,10 +441,10 @@ def test_builders_pickle_without_their_live_parts(fleet: LocalFleet, model_dir: 
     try:
         copy = pickle.loads(pickle.dumps(builder))
         assert copy.task == builder.task and copy.group_size == 2
-        assert copy.unknown_reward == 0.5 and copy.env_options == {"max_steps": 7}
+        assert copy.unknown_reward == 0.5 and copy.env_options == EpisodeOptions(max_steps=7)
         assert copy._envs == [] and copy._renderer is None
         assert fleet.token not in pickle.dumps(builder).decode("latin-1")
-        assert envs[0].fleet_env.max_steps == 7
+        assert envs[0].fleet_env.options.max_steps == 7
     finally:
         asyncio.run(builder.cleanup())
 

@@ -267,12 +267,12 @@ def test_a_step_without_tool_or_done_is_the_originals_no_op(local_fleet: LocalFl
     assert "tool_result" not in info and "tool_name" not in info and info["done_reason"] is None
     obs, reward, done, info = env.step({})  # the original read every key with a default
     assert done and info["done_reason"] == "max_steps" and obs["observation"] == {}
-    assert reward == 0.0 and env.env.tool_calls == 0  # nothing ran; the task is undone
+    assert reward == 0.0 and env.env.stats.tool_calls == 0  # nothing ran; the task is undone
     env.close()
 
 
 def test_json_output_arrives_parsed_and_the_typed_result_stays(local_fleet: LocalFleet) -> None:
-    from fleetenv.mcp.results import ToolResult
+    from fleetenv.core.tool_results import ToolResult
 
     raw = next(t for t in RAW_TASKS if t["key"] == "shop-count-shipped")
     with drop_in(local_fleet, raw) as env:

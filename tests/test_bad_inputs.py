@@ -159,12 +159,12 @@ def test_binary_non_utf8_tool_output(started: FleetEnv, local_faults: Any) -> No
 
 
 def test_action_of_the_wrong_type(started: FleetEnv) -> None:
-    turns = started.turns
+    turns = started.stats.turns
     # A bare string is a turn now (the model's text; see tests/test_turns.py).
     for bad in (42, ["a"], {"foo": 1}):
         with pytest.raises(InvalidActionError):
             started.step(bad)
-    assert started.turns == turns
+    assert started.stats.turns == turns
 
 
 def test_step_after_the_episode_ended(started: FleetEnv) -> None:

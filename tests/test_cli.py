@@ -137,7 +137,7 @@ def test_demo_ignores_a_fleet_key_and_says_so(monkeypatch: pytest.MonkeyPatch,
 
 def test_demo_names_the_unsolved_tasks() -> None:
     from fleetenv.cli.demo import unsolved_tasks
-    from fleetenv.rollouts.rollout import RolloutResult
+    from fleetenv.core.types import RolloutResult
 
     results = [
         RolloutResult("a", "helpdesk", sample=0, reward=1.0, grade_status="graded"),

@@ -72,7 +72,7 @@ def test_context_tools_never_reach_mcp_nor_count_as_errors(local_fleet: LocalFle
         env.step(ToolCall("list_orders", {"status": "shipped", "limit": 1}))
         after = local_fleet.tool_call_counts(instance)
         assert sum(after.values()) == sum(before.values()) + 1
-        assert env.tool_calls == 1 and env.tool_errors == 0
+        assert env.stats.tool_calls == 1 and env.stats.tool_errors == 0
     assert not any(o.is_error for o in observations)
     # Nothing was truncated yet: the original's answer, word for word.
     assert observations[2].text == "No truncated output available."
@@ -152,7 +152,7 @@ def test_bad_arguments_are_refused_before_running(local_fleet: LocalFleet) -> No
         obs, *_ = env.step(ToolCall("search_history", {"query": "x"}))
         assert obs.is_error and "unknown argument 'query'" in (obs.error or "")
         assert "pattern" in (obs.error or "")
-        assert env.tool_errors == 0 and env.tool_calls == 0
+        assert env.stats.tool_errors == 0 and env.stats.tool_calls == 0
     outcomes = [e.outcome for e in seen if isinstance(e, ToolCallFinished)]
     assert outcomes == ["bad_arguments", "bad_arguments"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fleetenv.core.errors import InvalidActionError, ToolArgumentsError
-from fleetenv.env.actions import Done, FinalAnswer, ListTools, ToolCall, parse_action
+from fleetenv.core.types import Done, FinalAnswer, ListTools, ToolCall
+from fleetenv.env.actions import parse_action
 
 
 def test_tool_call_passes_through() -> None:

@@ -82,7 +82,7 @@ def test_full_episode_per_modality(local_fleet: LocalFleet, modality: str) -> No
         assert reward == 1.0, info
         assert info["reward_status"] == "graded"
         assert info["verifier_execution_id"]
-        assert env.turns >= 1 and env.tool_calls >= 1
+        assert env.stats.turns >= 1 and env.stats.tool_calls >= 1
 
 
 def test_close_deletes_the_instance_and_is_idempotent(local_fleet: LocalFleet) -> None:
@@ -130,10 +130,10 @@ def test_unknown_tool_and_bad_arguments_are_observations(local_fleet: LocalFleet
         # A schema violation reaches the server, which answers with a tool error.
         obs, *_ = env.step(ToolCall(real, {"limit": {"not": "an int"}}))
         assert obs.is_error and "limit" in obs.error
-        assert env.tool_errors == 4
+        assert env.stats.tool_errors == 4
         with pytest.raises(InvalidActionError):
             env.step(42)
-        assert env.turns == 4  # the invalid action took no turn
+        assert env.stats.turns == 4  # the invalid action took no turn
         messages = obs.to_messages()
         assert messages[0]["role"] == "tool"
 
@@ -150,7 +150,7 @@ def test_step_before_reset_and_after_the_end(local_fleet: LocalFleet) -> None:
         # reset() starts a new episode on the same instance (seed state restored)
         first = env.instance_id
         env.reset()
-        assert env.instance_id == first and env.turns == 0
+        assert env.instance_id == first and env.stats.turns == 0
 
 
 def test_max_steps_truncates_and_grades(local_fleet: LocalFleet) -> None:

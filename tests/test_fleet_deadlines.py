@@ -215,7 +215,7 @@ def test_manager_describe_has_an_overall_deadline(server: TrickleServer,
 
 def test_verifier_has_an_overall_deadline(server: TrickleServer) -> None:
     from fleetenv.core.retry import RetryPolicy
-    from fleetenv.core.vocabulary import GradeReason
+    from fleetenv.core.types import GradeReason
     from fleetenv.fleet.client import FleetClient
     from fleetenv.fleet.verifier import verify
 

@@ -27,13 +27,11 @@ import fleetenv
 from fleetenv import FleetEnv, Task, bundled_tasks_path
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event
-from fleetenv.core.vocabulary import GradeReason, GradeStatus, StopReason
+from fleetenv.core.types import AppGrade, Grade, GradeReason, GradeStatus, StopReason
 from fleetenv.env.grading import grade_once
 from fleetenv.env.state import EpisodeState
-from fleetenv.fleet.verifier import Grade
 from fleetenv.fleet.verifier_output import (
     MAX_ACCUMULATOR_CHARS,
-    AppGrade,
     accepts_conversation,
     judge_failed,
     parse_accumulators,
@@ -111,7 +109,7 @@ def test_the_grade_records_its_wait_for_a_verifier_runner_apart(
     recorder = Recorder()
     with make_env(local_fleet, task_with(PASSES, "queue-wait"), recorder=recorder) as env:
         finish(env)
-        grade, timings = env.grade, env.timings
+        grade, timings = env.grade, env.stats.timings
     assert grade is not None and grade.graded and grade.queue_s is not None
     assert 0.0 <= grade.queue_s <= grade.seconds
     assert timings["verify_queue_s"] == grade.queue_s
@@ -127,7 +125,7 @@ def test_a_verifier_that_stays_unavailable_is_unknown_with_its_reason(
         reward, info = finish(env)
         grade = env.grade
         assert hits(local_fleet, fault) == grade.attempts == 3  # the policy's attempts
-        assert "verify_queue_s" not in env.timings
+        assert "verify_queue_s" not in env.stats.timings
     assert grade.queue_s is None  # no answer said anything of a queue (as Fleet's do not)
     assert reward is None and info["reward_reason"] == "verifier_unreachable"
     assert "503" in info["verifier_error"]
@@ -416,7 +414,7 @@ def test_partial_reward_replaces_only_a_zero_score(local_fleet: LocalFleet, scor
 def test_partial_reward_can_be_declared_by_the_task(local_fleet: LocalFleet) -> None:
     task = task_with(PARTIAL.replace("SCORE", "0"), "partial-task", partial_reward=True)
     with make_env(local_fleet, task) as env:
-        assert env.partial_reward is True
+        assert env.options.partial_reward is True
         reward, _ = finish(env)
     assert reward == pytest.approx(2 / 3)
     with make_env(local_fleet, task, partial_reward=False) as env:

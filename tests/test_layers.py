@@ -28,8 +28,6 @@ LAYERS = (
 KNOWN_BACK_UP = {
     # The plan driver belongs to the runtime owner (issue 25, item 1).
     ("fleetenv.fleet.evaluator", "fleetenv.env.driver"),
-    # RolloutResult (an annotation here) moves to the contract module (issue 25, item 4).
-    ("fleetenv.fleet.traces", "fleetenv.rollouts.rollout"),
 }
 
 

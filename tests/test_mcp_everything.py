@@ -25,16 +25,16 @@ import pytest
 from _support.everything import ENV_VAR, EverythingServer, everything_command
 from _support.waiting import wait_for
 
-from fleetenv.mcp import MCPConnection, ToolResult, ToolRouter
-from fleetenv.mcp.notifications import Notification, ServerLogMessage, ToolProgressUpdate
-from fleetenv.mcp.resources import ResourceError
-from fleetenv.mcp.results import (
+from fleetenv.core.tool_results import (
     ContentAnnotations,
     ImageBlock,
     ResourceBlock,
     ResourceLinkBlock,
     TextBlock,
 )
+from fleetenv.mcp import MCPConnection, ToolResult, ToolRouter
+from fleetenv.mcp.notifications import Notification, ServerLogMessage, ToolProgressUpdate
+from fleetenv.mcp.resources import ResourceError
 from fleetenv.mcp.router import Endpoint
 
 pytestmark = pytest.mark.timeout(120)

@@ -19,15 +19,15 @@ from mcp import types
 from mcp.server import MCPServer
 
 from fleetenv.core.errors import ConfigurationError, DeadlineExceeded
-from fleetenv.mcp import MCPConnection, ToolResult, ToolRouter
-from fleetenv.mcp.resources import Resource, ResourceError, ResourceTemplate
-from fleetenv.mcp.results import (
+from fleetenv.core.tool_results import (
     ContentAnnotations,
     ResourceBlock,
     ResourceLinkBlock,
     TextBlock,
     block_from_dict,
 )
+from fleetenv.mcp import MCPConnection, ToolResult, ToolRouter
+from fleetenv.mcp.resources import Resource, ResourceError, ResourceTemplate
 from fleetenv.mcp.router import Endpoint
 
 pytestmark = pytest.mark.timeout(30)

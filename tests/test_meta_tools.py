@@ -66,7 +66,8 @@ def test_an_agent_finds_a_tool_and_calls_it_by_name(local_fleet: LocalFleet) -> 
         # ... with its arguments checked like any tool's.
         bad, *_ = env.step(ToolCall("search_tickets", {"query": "x"}))
         assert bad.is_error and "unknown argument 'query'" in (bad.error or "")
-        assert env.tool_calls == 2 and env.tool_errors == 1  # the refused one counts too
+        stats = env.stats
+        assert stats.tool_calls == 2 and stats.tool_errors == 1  # the refused one counts too
     outcomes = [(e.tool_name, e.outcome) for e in seen if isinstance(e, ToolCallFinished)]
     assert outcomes == [("search_tools", "local"), ("get_tool_schema", "local"),
                         ("list_service_tools", "local"), ("search_tickets", "ok"),

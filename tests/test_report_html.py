@@ -23,7 +23,7 @@ from fleetenv.core.config import resolve_config
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.event_sinks import JsonlSink
 from fleetenv.core.task_files import load_tasks
-from fleetenv.env.actions import FinalAnswer, ToolCall
+from fleetenv.core.types import FinalAnswer, ToolCall
 from fleetenv.local import LocalFleet
 from fleetenv.reports import compare_runs, load_run, render_html
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
@@ -241,8 +241,8 @@ def test_markup_in_transcripts_is_shown_as_text_and_never_runs(
 
 
 def test_report_of_an_unparseable_image_url_embeds_nothing() -> None:
+    from fleetenv.core.types import RolloutResult
     from fleetenv.reports.data import RunData, TaskStats
-    from fleetenv.rollouts.rollout import RolloutResult
 
     urls = ("https://example.invalid/x.png", 'data:image/png;base64,AA" onerror="x',
             "data:image/svg+xml;base64,PHN2Zz4=")

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from fleetenv.core.types import RolloutResult
 from fleetenv.rollouts.metrics import MetricsError, pass_at_k, percentile, summarize
-from fleetenv.rollouts.rollout import RolloutResult
 
 
 def test_pass_at_k_matches_hand_computed_values() -> None:

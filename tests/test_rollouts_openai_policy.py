@@ -30,10 +30,11 @@ from fleetenv.core.errors import (
     FleetEnvError,
 )
 from fleetenv.core.tasks import Task
+from fleetenv.core.types import RolloutResult
 from fleetenv.local import LocalFleet
 from fleetenv.rollouts.openai_policy import OpenAIChatPolicy, normalize_assistant_message
 from fleetenv.rollouts.policy_spec import PolicySpec
-from fleetenv.rollouts.rollout import RolloutResult, run_episode
+from fleetenv.rollouts.rollout import run_episode
 
 BASE_URL = "https://llm.example/v1"
 URL = f"{BASE_URL}/chat/completions"

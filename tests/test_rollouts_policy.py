@@ -16,7 +16,7 @@ from fleetenv import bundled_tasks_path
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError, InvalidActionError
 from fleetenv.core.tasks import Task
-from fleetenv.env.actions import Done, FinalAnswer, ToolCall
+from fleetenv.core.types import Done, FinalAnswer, ToolCall
 from fleetenv.local import LocalFleet
 from fleetenv.rollouts.policy import (
     CallablePolicy,

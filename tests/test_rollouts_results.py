@@ -13,6 +13,7 @@ import fleetenv
 from fleetenv import bundled_tasks_path
 from fleetenv.core.config import resolve_config
 from fleetenv.core.task_files import load_tasks
+from fleetenv.core.types import RolloutResult
 from fleetenv.local import LocalFleet
 from fleetenv.rollouts.results import (
     SCHEMA_VERSION,
@@ -24,7 +25,7 @@ from fleetenv.rollouts.results import (
     read_results,
     read_run,
 )
-from fleetenv.rollouts.rollout import RolloutResult, run_episode
+from fleetenv.rollouts.rollout import run_episode
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -22,12 +22,12 @@ from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
-from fleetenv.env.actions import Done, ToolCall
+from fleetenv.core.types import Done, RolloutResult, ToolCall
 from fleetenv.local import LocalFleet
 from fleetenv.rollouts.async_rollout import run_episode_async
 from fleetenv.rollouts.futures import AwaitableFuture
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
-from fleetenv.rollouts.rollout import RolloutResult, run_episode
+from fleetenv.rollouts.rollout import run_episode
 from fleetenv.rollouts.runner import Runner
 from fleetenv.runtime import LOOP_THREAD_NAME
 

@@ -23,7 +23,7 @@ import fleetenv
 from fleetenv import FleetEnv, Task, ToolCall, bundled_tasks_path
 from fleetenv.core.config import resolve_config
 from fleetenv.core.errors import ConfigurationError, ToolArgumentsError
-from fleetenv.env.actions import FinalAnswer
+from fleetenv.core.types import FinalAnswer
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps.base import AppSpec, DbFactory
 from fleetenv.mcp.arguments import ArgumentChecker, close_objects, require_object
@@ -134,7 +134,7 @@ def test_undeclared_argument_is_reported_by_default_and_nothing_is_sent(
                                     "takes: status, priority, ")
         assert obs.text == f"Error: {obs.error}"
         assert info["tool_error"] == obs.error
-        assert env.tool_errors == 1 and env.tool_calls == 1  # refused: a call, not sent
+        assert env.stats.tool_errors == 1 and env.stats.tool_calls == 1  # refused: a call, not sent
         assert executed(local_fleet, env, "search_tickets") == 0
         # A near miss gets a suggestion.
         obs, *_ = env.step(ToolCall("find_customers", {"qury": "acme"}))
@@ -143,7 +143,7 @@ def test_undeclared_argument_is_reported_by_default_and_nothing_is_sent(
         obs, *_ = env.step(ToolCall("search_tickets", '{"status": "open", "limit": 2}'))
         assert not obs.is_error, obs.error
         assert executed(local_fleet, env, "search_tickets") == 1
-        assert env.tool_errors == 2
+        assert env.stats.tool_errors == 2
 
 
 
@@ -188,7 +188,7 @@ def test_missing_required_and_wrong_type_are_named(local_fleet: LocalFleet) -> N
         assert "got \"opn\"" in obs.error and "argument 'limit'" in obs.error
         assert executed(local_fleet, env, "get_ticket") == 0
         assert executed(local_fleet, env, "search_tickets") == 0
-        assert env.tool_errors == 3
+        assert env.stats.tool_errors == 3
 
 
 def test_nested_objects_are_checked_too(local_fleet: LocalFleet) -> None:

@@ -19,10 +19,10 @@ from fleetenv import FleetEnv, Task, ToolCall
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import ToolErrorReported
+from fleetenv.core.tool_results import ImageBlock, TextBlock, ToolResult
 from fleetenv.local import LocalFleet
 from fleetenv.local.apps.base import AppSpec, DbFactory
 from fleetenv.mcp.error_rules import decide, fleet_rule, protocol_rule, resolve_rule
-from fleetenv.mcp.results import ImageBlock, TextBlock, ToolResult
 
 pytestmark = pytest.mark.timeout(120)
 

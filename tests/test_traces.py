@@ -25,6 +25,7 @@ from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
+from fleetenv.core.types import RolloutResult
 from fleetenv.fleet.session import Session
 from fleetenv.fleet.traces import (
     TraceOptions,
@@ -36,7 +37,6 @@ from fleetenv.fleet.traces import (
 from fleetenv.local import LocalFleet
 from fleetenv.local.traces import TraceStore, page_url, view_key
 from fleetenv.rollouts.policy_spec import PolicySpec
-from fleetenv.rollouts.rollout import RolloutResult
 from fleetenv.rollouts.runner import Runner
 
 pytestmark = pytest.mark.timeout(90)

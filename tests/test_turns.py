@@ -68,7 +68,7 @@ def test_reference_solutions_written_as_turns_solve_their_tasks(
         env.reset()
         for number, calls in enumerate(turns, start=1):
             obs, reward, terminated, truncated, info = env.step(RENDERINGS[rendering](calls))
-            assert env.turns == number and info["turn_calls"] == len(calls), info
+            assert env.stats.turns == number and info["turn_calls"] == len(calls), info
             assert not obs.is_error and not truncated, (obs.error, info)
             messages = obs.to_messages()
             assert [m["role"] for m in messages] == ["tool"] * len(calls)
@@ -78,7 +78,8 @@ def test_reference_solutions_written_as_turns_solve_their_tasks(
             obs, reward, terminated, truncated, info = env.step("All done.")
             assert env.final_answer == "All done." and obs.to_messages()[0]["role"] == "user"
         assert (reward, terminated, truncated) == (1.0, True, False), info
-        assert env.turns == len(turns) + (0 if solution[-1][0] == "submit_final_answer" else 1)
+        assert env.stats.turns == len(turns) + (
+            0 if solution[-1][0] == "submit_final_answer" else 1)
         assert env.stats.tool_calls == sum(n != "submit_final_answer" for n, _ in solution)
 
 
@@ -99,7 +100,7 @@ def test_turn_observation_joins_results_and_ids_match_the_message(
         view = obs.to_dict()
         assert [c["tool_call_id"] for c in view["calls"]] == ["call_0", "call_1", "call_2"]
         json.dumps(view)
-        assert env.turns == 1 and env.stats.tool_calls == 3 and env.tool_errors == 1
+        assert env.stats.turns == 1 and env.stats.tool_calls == 3 and env.stats.tool_errors == 1
 
 
 def test_a_turn_counts_once_toward_max_steps(local_fleet: LocalFleet) -> None:
@@ -111,7 +112,7 @@ def test_a_turn_counts_once_toward_max_steps(local_fleet: LocalFleet) -> None:
         assert not truncated and env.stats.tool_calls == 3
         _, reward, terminated, truncated, info = env.step(three)
         assert truncated and not terminated and info["stop_reason"] == "max_steps"
-        assert env.turns == 2 and env.stats.tool_calls == 6 and reward == 0.0
+        assert env.stats.turns == 2 and env.stats.tool_calls == 6 and reward == 0.0
 
 
 @pytest.mark.parametrize("failed_parse_reward", [None, -0.5])
@@ -130,7 +131,7 @@ def test_an_unreadable_turn_is_a_parse_error_observation(
         assert "not valid JSON" in obs.error and "offset" in obs.error
         (message,) = obs.to_messages()
         assert message["role"] == "user" and "could not be read" in message["content"][0]["text"]
-        assert env.turns == 1 and env.stats.parse_errors == 1 and env.stats.tool_calls == 0
+        assert env.stats.turns == 1 and env.stats.parse_errors == 1 and env.stats.tool_calls == 0
         (failed,) = [e for e in events if isinstance(e, TurnParseFailed)]
         assert (failed.step, failed.format) == (1, "hermes")
         assert failed.offset == broken.index("</tool_call>") and failed.error == obs.error
@@ -168,7 +169,7 @@ def test_a_turn_without_tool_calls_can_be_a_no_op(local_fleet: LocalFleet) -> No
             assert info["no_tool_call"] and obs.calls == ()
             (message,) = obs.to_messages()
             assert message["role"] == "user" and "submit_final_answer" in obs.text
-        assert env.turns == 3 and env.stats.noop_turns == 3 and env.final_answer is None
+        assert env.stats.turns == 3 and env.stats.noop_turns == 3 and env.final_answer is None
         noops = [e for e in events if isinstance(e, TurnWithoutToolCall)]
         assert [(e.step, e.text) for e in noops] == [
             (1, "Let me think about it."), (2, ""), (3, "Hmm.")]
@@ -184,7 +185,7 @@ def test_wrong_python_values_raise_and_take_no_turn(local_fleet: LocalFleet) -> 
                     {"role": "assistant", "tool_calls": "list_agents"}):
             with pytest.raises(InvalidActionError):
                 env.step(bad)
-        assert env.turns == 0 and env.stats.tool_calls == 0
+        assert env.stats.turns == 0 and env.stats.tool_calls == 0
 
 
 def test_tools_prompt_renders_the_offered_tools(local_fleet: LocalFleet) -> None:

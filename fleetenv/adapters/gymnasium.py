@@ -69,9 +69,9 @@ from fleetenv.core.errors import (
     ToolCallParseError,
 )
 from fleetenv.core.tasks import Task
+from fleetenv.core.types import Observation
 from fleetenv.env.actions import parse_action
 from fleetenv.env.fleet_env import FleetEnv
-from fleetenv.env.observation import Observation
 from fleetenv.env.tool_call_parsing import split_tool_calls
 
 __all__ = ["ENV_ID", "FleetGymEnv", "UnicodeText", "register"]
@@ -180,7 +180,7 @@ class FleetGymEnv(gymnasium.Env[dict[str, Any], str]):
                                     hint="call reset() to start a new episode",
                                     task=self.fleet_env.task.key)
         self._turn += 1
-        calls, problem = _read_action(action, self._turn, self.fleet_env.tool_call_format)
+        calls, problem = _read_action(action, self._turn, self.fleet_env.options.tool_call_format)
         if problem is not None:
             return self._parse_error(problem)
         # The whole action is one turn: every call runs, in order, and counts once

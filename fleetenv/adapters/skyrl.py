@@ -71,6 +71,7 @@ from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.task_files import bundled_tasks_path, load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.env.fleet_env import FleetEnv
+from fleetenv.env.options import OPTION_NAMES, EpisodeOptions
 from fleetenv.env.tool_call_parsing import PROMPT_FORMATS
 from fleetenv.fleet.session import Session
 
@@ -109,11 +110,8 @@ OPTIONS: dict[str, str] = {
                 "settings (e.g. max_live_instances: 32)",
 }
 
-#: Options passed through to :class:`fleetenv.FleetEnv` unchanged.
-_FLEET_ENV_OPTIONS = ("ttl_seconds", "episode_deadline_s", "max_text_chars",
-                      "partial_reward", "context_tools", "meta_tools", "check_arguments",
-                      "run_tag", "base_url", "config", "session", "no_tool_call",
-                      "tool_call_format", "failed_parse_reward")
+#: Options that pick the session; those named in ``OPTION_NAMES`` are episode options.
+_SESSION_OPTIONS = ("base_url", "config", "session")
 _OBSERVATION_ROLES = ("tool", "user")
 _SECRET_KEYS = ("api_key", "FLEET_API_KEY", "token")
 
@@ -147,7 +145,9 @@ class FleetTextEnv(BaseTextEnv):  # type: ignore[misc]
             None if prompt_format is None
             else _choice(prompt_format, PROMPT_FORMATS, "tools_prompt_format"))
         max_turns = options.get("max_turns")
-        fleet_options = {k: options[k] for k in _FLEET_ENV_OPTIONS if k in options}
+        fleet_options = {k: options[k] for k in _SESSION_OPTIONS if k in options}
+        episode = EpisodeOptions.of({k: options[k] for k in OPTION_NAMES if k in options},
+                                    max_steps=_positive(max_turns, "max_turns"))
         if "settings" in options:
             if {"session", "config"} & set(fleet_options):
                 raise ConfigurationError(
@@ -155,9 +155,8 @@ class FleetTextEnv(BaseTextEnv):  # type: ignore[misc]
                     hint="settings builds the shared session; config/session replace it")
             fleet_options["session"] = shared_session(options["settings"])
         #: The ``FleetEnv`` this adapter drives.
-        self.fleet_env = FleetEnv(self.task, max_steps=_positive(max_turns, "max_turns"),
-                                  **fleet_options)
-        self.max_turns = self.fleet_env.max_steps
+        self.fleet_env = FleetEnv(self.task, options=episode, **fleet_options)
+        self.max_turns = self.fleet_env.options.max_steps
         #: The chat so far: the prompt ``init`` returned, the model's turns, the results.
         self.chat_history: list[dict[str, Any]] = []
         self.reward_unknown: bool | None = None

@@ -22,7 +22,7 @@ from fleetenv.cli.run import add_run_options
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.config import FleetConfig
-    from fleetenv.rollouts.rollout import RolloutResult
+    from fleetenv.core.types import RolloutResult
 
 
 def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:

@@ -96,8 +96,8 @@ def prepare_resume(path: Path, manifest: Mapping[str, Any], *, force: bool
     Raises :class:`ConfigurationError` when the runs are not comparable (without
     ``force``) and :class:`ResultsFileError` for a file that is not a results file.
     """
+    from fleetenv.core.types import RolloutResult
     from fleetenv.rollouts.results import is_header, manifest_path, read_manifest
-    from fleetenv.rollouts.rollout import RolloutResult
 
     if not path.is_file():
         raise ConfigurationError(f"--resume {path}: no such results file",

@@ -35,9 +35,9 @@ from fleetenv.core.errors import ConfigurationError
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.config import FleetConfig
     from fleetenv.core.tasks import Task
+    from fleetenv.core.types import RolloutResult
     from fleetenv.fleet.traces import TraceOptions
     from fleetenv.rollouts.policy_spec import PolicySpec
-    from fleetenv.rollouts.rollout import RolloutResult
     from fleetenv.rollouts.runner import Runner
 
 #: Where the OpenAI-compatible policy finds its key (never a command-line flag).

@@ -215,12 +215,10 @@ def _run_openenv(args: argparse.Namespace) -> int:
     made_token = token == "auto"
     if made_token:
         token = new_token()
-    options: dict[str, Any] = {}
-    if args.max_steps is not None:
-        options["max_steps"] = args.max_steps
     with session:
         settings = FleetServerSettings.build(tasks, session=session, default_task=args.task,
-                                             unknown_reward=args.unknown_reward, **options)
+                                             unknown_reward=args.unknown_reward,
+                                             max_steps=args.max_steps)
         server = OpenEnvServer(settings, host=args.host, port=args.port,
                                max_sessions=args.max_sessions,
                                session_timeout_s=args.session_timeout,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from fleetenv.core.redaction import redact
-from fleetenv.core.vocabulary import GradeStatus, StrEnum
+from fleetenv.core.types import GradeStatus, StrEnum
 
 __all__ = [
     "Event",
@@ -355,7 +355,7 @@ class VerificationFinished(Event):
     """Every verifier run (after its retries): latency and failure reasons by env/task.
 
     ``outcome`` is a :class:`~fleetenv.GradeStatus` (``"graded"`` or ``"unknown"``),
-    ``reason`` the :class:`~fleetenv.core.vocabulary.GradeReason` of an unknown grade,
+    ``reason`` the :class:`~fleetenv.GradeReason` of an unknown grade,
     ``attempts`` how many runs it took. ``queue_s``: of ``duration_s``, how long the runs
     waited for a free verifier runner (``None`` when the runner does not say).
     """

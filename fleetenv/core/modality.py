@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fleetenv.core.vocabulary import Modality, suggest
+import difflib
+
+from fleetenv.core.types import Modality
 
 __all__ = ["MODALITIES", "Modality", "suggest_modality"]
 
@@ -12,4 +14,6 @@ MODALITIES: tuple[str, ...] = Modality.values()
 
 def suggest_modality(value: str) -> str | None:
     """The accepted modality closest to ``value`` (for "did you mean" hints), if any."""
-    return suggest(value, Modality)
+    cleaned = value.strip().lower().replace("-", "_")
+    matches = difflib.get_close_matches(cleaned, MODALITIES, n=1, cutoff=0.5)
+    return matches[0] if matches else None

@@ -14,12 +14,13 @@ rollout). Only a value that is no action at all raises :class:`InvalidActionErro
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from fleetenv.core.errors import InvalidActionError, ToolArgumentsError
+from fleetenv.core.types import Action, Done, FinalAnswer, ListTools, ToolCall, new_call_id
+
+__all__ = ["SUBMIT_FINAL_ANSWER", "SUBMIT_FINAL_ANSWER_TOOL", "parse_action"]
 
 #: The synthetic tool that ends an episode with an answer; handled locally, never sent
 #: to MCP.
@@ -37,82 +38,6 @@ SUBMIT_FINAL_ANSWER_TOOL: dict[str, Any] = {
         },
     },
 }
-
-
-def _new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """Call tool ``name`` with ``arguments`` (a dict, or the raw JSON text a model wrote)."""
-
-    name: str
-    arguments: Mapping[str, Any] | str | None = None
-    id: str = field(default_factory=_new_call_id)
-
-    def decoded_arguments(self) -> dict[str, Any]:
-        """The arguments as a dict; raises ``ToolArgumentsError`` saying what is wrong."""
-        raw = self.arguments
-        if raw is None or raw == "":
-            return {}
-        if isinstance(raw, str):
-            try:
-                raw = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ToolArgumentsError(
-                    f"arguments of {self.name!r} are not valid JSON ({exc.msg} at "
-                    f"position {exc.pos}): {self.arguments!r:.200}",
-                    hint="send the arguments as a JSON object, e.g. {\"id\": 3}",
-                    tool=self.name,
-                ) from None
-            except RecursionError:  # json's parser recurses once per nesting level
-                raise ToolArgumentsError(
-                    f"arguments of {self.name!r} are JSON nested too deeply to read",
-                    hint="send a flat JSON object of the tool's parameters",
-                    tool=self.name,
-                ) from None
-        if not isinstance(raw, Mapping):
-            raise ToolArgumentsError(
-                f"arguments of {self.name!r} must be a JSON object, got "
-                f"{type(raw).__name__}: {raw!r:.200}",
-                hint="wrap the values in an object keyed by parameter name",
-                tool=self.name,
-            )
-        return dict(raw)
-
-    def to_openai(self) -> dict[str, Any]:
-        """The assistant-message ``tool_calls`` entry for this call: the arguments as
-        written (a list stays a list; nothing is reshaped into an object)."""
-        raw: Any = self.arguments
-        if isinstance(raw, str):
-            arguments = raw
-        else:
-            value = {} if raw is None else dict(raw) if isinstance(raw, Mapping) else raw
-            arguments = json.dumps(value, default=str)
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": arguments}}
-
-
-@dataclass(frozen=True)
-class FinalAnswer:
-    """End the episode with an answer; the verifier receives it as ``final_answer``."""
-
-    answer: str
-    id: str = field(default_factory=_new_call_id)
-
-
-@dataclass(frozen=True)
-class Done:
-    """End the episode without an answer (the agent is finished)."""
-
-
-@dataclass(frozen=True)
-class ListTools:
-    """Ask for the tool list again (OpenEnv's list-tools action); takes no turn."""
-
-
-Action = Union[ToolCall, FinalAnswer, Done, ListTools]  # noqa: UP007 (runtime alias)
 
 
 def parse_action(action: object) -> tuple[Action, ...]:
@@ -149,7 +74,7 @@ def _parse_mapping(action: Mapping[str, Any]) -> tuple[Action, ...]:
     function = action.get("function")
     if isinstance(function, Mapping) and "name" in function:
         call = ToolCall(str(function["name"]), function.get("arguments"),
-                        str(action.get("id") or _new_call_id()))
+                        str(action.get("id") or new_call_id()))
         return (_final_answer_from_call(call),)
     kind = action.get("type")
     # OpenEnv MCP actions: {"type": "list_tools"} / {"type": "call_tool", "tool_name", ...}
@@ -177,6 +102,6 @@ def _parse_mapping(action: Mapping[str, Any]) -> tuple[Action, ...]:
     # A bare OpenAI function dict: {"name", "arguments"}
     if "name" in action and set(action) <= {"name", "arguments", "id"}:
         call = ToolCall(str(action["name"]), action.get("arguments"),
-                        str(action.get("id") or _new_call_id()))
+                        str(action.get("id") or new_call_id()))
         return (_final_answer_from_call(call),)
     raise InvalidActionError(f"unrecognised action dict with keys {sorted(action)}")

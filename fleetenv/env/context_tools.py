@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from fleetenv.mcp.tools import Tool
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.mcp.results import ToolResult
+    from fleetenv.core.tool_results import ToolResult
 
 __all__ = [
     "CONTEXT_TOOLS",

@@ -14,7 +14,9 @@ neither waited for it nor said why (research note §11 #13). Here:
 - An owner interrupted before the verifier answered (Ctrl-C) records the grade as
   unknown (``interrupted``) on its way out, so nobody waits for a grade that will not come.
 
-The first grade stored wins: every later look returns the same grade.
+The first grade stored wins: every later look returns the same grade. :class:`Grader`
+does this for one env's episodes, and reports each episode's end exactly once
+(``VerificationFinished``, ``VerifierFailed``, ``RolloutCompleted``).
 """
 
 from __future__ import annotations
@@ -27,16 +29,20 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
+from fleetenv.core.events import RolloutCompleted, VerificationFinished, VerifierFailed
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import GradeReason
+from fleetenv.core.types import Grade, GradeReason, StopReason
+from fleetenv.env.driver import Blocking, Plan
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.env.instance import InstanceLease
+    from fleetenv.env.options import ResolvedOptions
     from fleetenv.env.state import EpisodeState
     from fleetenv.fleet.provisioning import Instance
     from fleetenv.fleet.session import Session
-    from fleetenv.fleet.verifier import Grade
 
-__all__ = ["CONVERSATION_KEY", "PARTIAL_REWARD_KEY", "grade_once", "wants_conversation"]
+__all__ = ["CONVERSATION_KEY", "PARTIAL_REWARD_KEY", "Grader", "grade_once",
+           "wants_conversation"]
 
 logger = logging.getLogger("fleetenv.verifier")
 
@@ -48,6 +54,64 @@ CONVERSATION_KEY = "verifier_conversation"
 #: Task metadata that turns partial rewards on for the task (a bool); ``FleetEnv``'s
 #: ``partial_reward=`` argument overrides it.
 PARTIAL_REWARD_KEY = "partial_reward"
+#: How much longer than ``verifier_timeout_s`` ``close()``/``reset()`` wait for a grade
+#: in flight (the verification itself is bounded by ``verifier_timeout_s``).
+_GRADE_WAIT_SLACK_S = 10.0
+
+
+class Grader:
+    """Finishes one env's episodes: grades each once, and reports how it ended once."""
+
+    def __init__(self, session: Session, task: Task, lease: InstanceLease,
+                 options: ResolvedOptions, emit: Callable[..., None]) -> None:
+        self._session = session
+        self._task = task
+        self._lease = lease
+        self._options = options
+        self._emit = emit
+
+    def finish_plan(self, state: EpisodeState, reason: StopReason) -> Plan[Grade]:
+        """Grade once (cached), then report the completion once.
+
+        The blocking grading call reports the verification and the completion itself,
+        so a caller cancelled while the verifier runs (a step timeout) loses nothing
+        but its own view: the grade lands on ``env.grade`` and ``close()`` waits for it.
+        """
+        grade: Grade = yield Blocking(self._grade, (state, reason))
+        self.complete(state, reason)
+        return grade
+
+    def complete(self, state: EpisodeState, reason: StopReason, *,
+                 error: BaseException | None = None) -> None:
+        """Report the episode's end (``RolloutCompleted``), unless it was reported."""
+        if not state.claim_completion():
+            return
+        grade = state.grade
+        self._emit(RolloutCompleted, reason=reason, grade_status=state.grade_status,
+                   grade_reason=grade.reason if grade else None,
+                   reward=grade.reward if grade else None, steps=state.step,
+                   error=str(error) if error else None, duration_s=state.elapsed_s())
+
+    def _grade(self, state: EpisodeState, reason: StopReason) -> Grade:
+        grade, _settled = grade_once(
+            self._session, self._task, self._lease.instance, state, self._lease.is_gone,
+            partial_reward=self._options.partial_reward,
+            wait_s=self._session.config.verifier_timeout_s + _GRADE_WAIT_SLACK_S,
+            on_settled=lambda settled: self._on_graded(settled, state, reason))
+        return grade
+
+    def _on_graded(self, grade: Grade, state: EpisodeState, reason: StopReason) -> None:
+        """Report a grade once, from whichever call settled it."""
+        if grade.reason is not GradeReason.NO_VERIFIER:
+            self._emit(VerificationFinished, outcome=str(grade.status),
+                       duration_s=grade.seconds, queue_s=grade.queue_s, reward=grade.reward,
+                       reason=None if grade.reason is None else str(grade.reason),
+                       attempts=grade.attempts, error_type=grade.error_type,
+                       error=grade.error, execution_id=grade.execution_id)
+            if not grade.graded:
+                self._emit(VerifierFailed, error_type=str(grade.reason or "unknown"),
+                           error=grade.error or "", steps=state.step)
+        self.complete(state, reason)
 
 
 def wants_conversation(task: Task) -> bool:
@@ -88,10 +152,8 @@ def grade_once(session: Session, task: Task, instance: Instance | None,
         computed = _compute(session, task, instance, state, instance_gone, partial_reward)
     finally:
         if computed is None:  # interrupted (Ctrl-C, a bug): record why, then propagate
-            from fleetenv.fleet.verifier import Grade as _Grade
-
             cause = sys.exc_info()[1]  # what is propagating: named, so it can be found
-            computed = _Grade.unknown(
+            computed = Grade.unknown(
                 GradeReason.INTERRUPTED,
                 "grading was interrupted before the verifier answered"
                 + (f" ({type(cause).__name__}: {cause})" if cause is not None else ""))
@@ -109,8 +171,6 @@ def _wait(pending: Future[Grade], state: EpisodeState, wait_s: float | None,
     try:
         return pending.result(timeout=wait_s), False
     except FutureTimeout:
-        from fleetenv.fleet.verifier import Grade
-
         late = Grade.unknown(
             GradeReason.GRADING_TIMEOUT,
             f"the grade was still being computed after waiting {wait_s:.0f} s",
@@ -135,7 +195,7 @@ def _settle(state: EpisodeState, grade: Grade) -> bool:
 
 def _compute(session: Session, task: Task, instance: Instance | None, state: EpisodeState,
              instance_gone: Callable[[], bool] | None, partial_reward: bool) -> Grade:
-    from fleetenv.fleet.verifier import Grade, verify
+    from fleetenv.fleet.verifier import verify
 
     started = time.monotonic()
     if instance is None or instance.deleted:

@@ -30,7 +30,7 @@ from fleetenv.core.events import (
 from fleetenv.core.redaction import register_secret
 from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import Modality
+from fleetenv.core.types import Modality
 from fleetenv.fleet.warm_pool import pool_of
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -12,17 +12,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetenv.core.errors import ConfigurationError, EpisodeStateError
 from fleetenv.core.redaction import scrub_secrets
 from fleetenv.core.retry import Deadline
-from fleetenv.core.vocabulary import GradeStatus, StopReason
+from fleetenv.core.types import GradeStatus, StopReason
 from fleetenv.env.context_tools import ContextTools
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.env.actions import ToolCall
-    from fleetenv.env.observation import Observation
-    from fleetenv.fleet.verifier import Grade
+    from fleetenv.core.types import Grade, Observation, StepInfo, ToolCall
 
-__all__ = ["EpisodeState", "EpisodeStats"]
+__all__ = ["EpisodeState", "EpisodeStats", "check_conversation"]
 
 #: Longest tool-error message kept per error (the agent saw the whole one).
 _ERROR_CHARS = 500
@@ -133,11 +132,6 @@ class EpisodeState:
         return self._completed
 
     @property
-    def grading_in_flight(self) -> bool:
-        """A verifier is running for this episode and has not answered yet."""
-        return self.grading is not None and not self.grading.done()
-
-    @property
     def grade_status(self) -> GradeStatus:
         return GradeStatus.NOT_GRADED if self.grade is None else self.grade.status
 
@@ -152,14 +146,50 @@ class EpisodeState:
                             timings=dict(self.timings),
                             tool_timings=tuple(dict(t) for t in self.tool_timings))
 
-    def grade_info(self) -> dict[str, Any]:
-        """The grade's fields as they appear in ``step()``'s final ``info``."""
+    def require_running(self, task_key: str) -> None:
+        """Refuse a step before ``reset()`` and after the episode ended."""
+        if not self.active:
+            raise EpisodeStateError("step() before reset()", hint="call reset() first",
+                                    task=task_key)
+        if self.stop_reason is not None:
+            raise EpisodeStateError(
+                f"the episode is over ({self.stop_reason})",
+                hint="call reset() to start a new episode", task=task_key)
+
+    def end_step(self, started: float, max_steps: int) -> None:
+        """Count a step's time (since ``started``, monotonic); stop the episode at the
+        step limit or past its deadline."""
+        self.timings["steps_s"] += time.monotonic() - started
+        if self.step >= max_steps:
+            self.stop(StopReason.MAX_STEPS)
+        if self.deadline.expired():
+            self.stop(StopReason.TIME_LIMIT)
+
+    def outcome_info(self, instance_id: str | None) -> StepInfo:
+        """The last keys of ``step()``'s ``info``: the grade once there is one, then the
+        stop reason, the counters and the instance."""
+        info: StepInfo = {}
         grade = self.grade
-        if grade is None:
-            return {}
-        return {"reward_status": grade.status, "reward_reason": grade.reason,
+        if grade is not None:
+            info.update({
+                "reward_status": grade.status, "reward_reason": grade.reason,
                 "verifier_stdout": grade.stdout, "verifier_error": grade.error,
                 "verifier_execution_id": grade.execution_id,
                 "verifier_score": grade.score, "partial_reward": grade.partial,
                 "app_scores": {name: app.score for name, app in grade.apps.items()},
-                "final_answer": self.final_answer}
+                "final_answer": self.final_answer})
+        info.update({"stop_reason": self.stop_reason, "tool_calls": self.tool_calls,
+                     "tool_errors": len(self.tool_error_messages),
+                     "instance_id": instance_id})
+        return info
+
+
+def check_conversation(messages: object) -> list[Any] | None:
+    """A conversation as a list of messages (``None``: none), checked where it is given."""
+    if messages is None:
+        return None
+    if isinstance(messages, str | bytes) or not isinstance(messages, list | tuple):
+        raise ConfigurationError(
+            f"conversation must be a list of chat messages, got a {type(messages).__name__}",
+            hint='pass e.g. [{"role": "user", "content": "..."}, ...] (the chat history)')
+    return list(messages)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetenv.core.errors import ConfigurationError, ToolCallParseError
-from fleetenv.env.actions import ToolCall
+from fleetenv.core.types import ToolCall
 
 __all__ = [
     "PARSE_FORMATS",

@@ -16,7 +16,9 @@ import contextlib
 import copy
 import difflib
 import functools
+import json
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.config import FleetConfig
@@ -26,21 +28,26 @@ from fleetenv.core.errors import (
     ToolArgumentsError,
     ToolNotFoundError,
 )
+from fleetenv.core.events import ServerLog, ToolProgress, ToolsChanged
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import Modality
-from fleetenv.env.actions import SUBMIT_FINAL_ANSWER, SUBMIT_FINAL_ANSWER_TOOL, ToolCall
+from fleetenv.core.types import Modality, ToolCall
+from fleetenv.env.actions import SUBMIT_FINAL_ANSWER, SUBMIT_FINAL_ANSWER_TOOL
 from fleetenv.env.context_tools import CONTEXT_TOOLS, context_tool_specs
 from fleetenv.env.driver import OnLoop, Plan
 from fleetenv.env.meta_tools import META_TOOLS, MetaTools, meta_tool_specs
-from fleetenv.mcp.arguments import ArgumentChecker, ArgumentsMode
+from fleetenv.env.tool_call_parsing import render_tools
+from fleetenv.mcp.arguments import ArgumentChecker
+from fleetenv.mcp.notifications import ServerLogMessage, ToolProgressUpdate, ToolsListChanged
 from fleetenv.mcp.tools import Tool
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Mapping
 
-    from fleetenv.core.retry import RetryPolicy
+    from fleetenv.core.retry import Deadline, RetryPolicy
+    from fleetenv.core.tool_results import ToolResult
+    from fleetenv.env.instance import InstanceLease
+    from fleetenv.env.options import ResolvedOptions
     from fleetenv.mcp.notifications import Notification
-    from fleetenv.mcp.results import ToolResult
     from fleetenv.mcp.router import ToolRouter
 
 __all__ = ["Toolbox"]
@@ -66,12 +73,10 @@ def watchdog(seconds: float) -> float:
 class Toolbox:
     """The tools one env offers its agent, and the MCP sessions behind them."""
 
-    def __init__(self, task: Task, config: FleetConfig, *, max_text_chars: int,
-                 check_arguments: ArgumentsMode = "strict", context_tools: bool = False,
-                 meta_tools: bool = False) -> None:
+    def __init__(self, task: Task, config: FleetConfig, options: ResolvedOptions) -> None:
         self.task = task
-        self.context_tools = context_tools
-        self.meta_tools = meta_tools
+        self.context_tools = context_tools = options.context_tools
+        self.meta_tools = meta_tools = options.meta_tools
         #: The meta-tools' index over the current MCP tools (meta-tools mode only).
         self.meta: MetaTools | None = None
         #: Tools answered by fleetenv itself, never sent to MCP.
@@ -79,11 +84,11 @@ class Toolbox:
             t.name: t for t in [*(context_tool_specs() if context_tools else []),
                                 *(meta_tool_specs() if meta_tools else [])]}
         self.config = config
-        self.max_text_chars = max_text_chars
+        self.max_text_chars = options.max_text_chars
         self.router: ToolRouter | None = None
         self.tools: list[Tool] = []
         self.openai_tools: list[dict[str, Any]] = []
-        self._arguments = ArgumentChecker(check_arguments)
+        self._arguments = ArgumentChecker(options.check_arguments)
         #: What the servers said unasked (tool list changes, logs, progress), appended on
         #: the loop thread and taken by the env after each step (deque ops are atomic).
         self.notifications: deque[Notification] = deque(maxlen=_MAX_PENDING_NOTIFICATIONS)
@@ -143,6 +148,21 @@ class Toolbox:
                 yield OnLoop(router.aclose,
                              timeout=watchdog(self.config.connect_timeout_s))
             raise
+
+    def attach_plan(self, lease: InstanceLease, deadline: Deadline) -> Plan[None]:
+        """Sessions to the lease's instance for a new episode: kept open across episodes
+        (and listed again if a server said its tools changed), or opened, after closing
+        those of an instance that was replaced (they, and its lease's, are gone)."""
+        if self.is_open and self.instance_id != lease.instance_id:
+            yield from self.close_plan()
+        if self.is_open:
+            yield from self.refresh_plan(lease.instance_id)
+            return
+        instance = lease.require()
+        yield from self.open_plan(instance.root_url, instance_id=instance.instance_id,
+                                  headers=lease.mcp_headers(),
+                                  retry=lease.mcp_setup_retry(deadline),
+                                  browser_mcp=lease.browser_mcp())
 
     def _offer(self, tools: list[Tool], instance_id: str | None) -> None:
         """Keep the tools this task's modality acts through; fail if there are none."""
@@ -248,10 +268,35 @@ class Toolbox:
             timeout=watchdog(timeout_s))
         return result
 
+    def prompt(self, format: str) -> str:
+        """The offered tools rendered for a chat template (see ``render_tools``)."""
+        if not self.openai_tools:
+            raise EpisodeStateError("tools_prompt() has no tools to render yet",
+                                    hint="call reset() first: it lists the tools",
+                                    task=self.task.key)
+        return render_tools(self.openai_tools, format)
+
     def listing(self) -> str:
         """The offered tools as text (OpenEnv's list-tools action)."""
         return "\n".join(f"- {t['function']['name']}: {t['function'].get('description', '')}"
                          for t in self.openai_tools)
+
+    def report_notifications(self, emit: Callable[..., None]) -> None:
+        """Turn what the MCP servers said unasked since the last step into events (in the
+        caller's thread: sinks never run on the loop thread)."""
+        pending = self.notifications
+        while pending:
+            note = pending.popleft()
+            if isinstance(note, ToolsListChanged):
+                emit(ToolsChanged, endpoint=note.endpoint, tool_count=len(self.tools))
+            elif isinstance(note, ServerLogMessage):
+                data = note.data if isinstance(note.data, str) else json.dumps(
+                    note.data, default=str, ensure_ascii=False)
+                emit(ServerLog, endpoint=note.endpoint, severity=note.level, message=data,
+                     logger_name=note.logger)
+            elif isinstance(note, ToolProgressUpdate):
+                emit(ToolProgress, tool_name=note.tool, progress=note.progress,
+                     total=note.total, message=note.message)
 
     def close_plan(self) -> Plan[None]:
         """End the MCP sessions (idempotent)."""

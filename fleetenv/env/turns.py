@@ -24,17 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fleetenv.core.errors import ConfigurationError, InvalidActionError, ToolCallParseError
-from fleetenv.env.actions import Action, Done, FinalAnswer, ToolCall, parse_action
-from fleetenv.env.tool_call_parsing import PARSE_FORMATS, split_tool_calls
+from fleetenv.core.errors import InvalidActionError, ToolCallParseError
+from fleetenv.core.types import Action, Done, FinalAnswer, ToolCall
+from fleetenv.env.actions import parse_action
+from fleetenv.env.tool_call_parsing import split_tool_calls
 
-__all__ = ["NO_TOOL_CALL_MODES", "Turn", "check_format", "check_no_tool_call", "is_turn",
-           "read_turn", "text_of"]
-
-#: What a turn without tool calls does: end the episode with its text as the final
-#: answer (``Done`` when there is no text), or nothing (the turn counts, the agent is
-#: told it made no call).
-NO_TOOL_CALL_MODES = ("final_answer", "noop")
+__all__ = ["Turn", "is_turn", "read_turn", "text_of"]
 
 
 @dataclass(frozen=True)
@@ -56,22 +51,6 @@ def is_turn(action: object) -> bool:
     if isinstance(action, str | list | tuple):
         return True
     return isinstance(action, Mapping) and action.get("role") == "assistant"
-
-
-def check_no_tool_call(value: object) -> str:
-    """``no_tool_call`` checked where it is given."""
-    if isinstance(value, str) and value in NO_TOOL_CALL_MODES:
-        return value
-    raise ConfigurationError(f"FleetEnv(no_tool_call={value!r:.40}) is not a known mode",
-                             hint=f"use one of {', '.join(NO_TOOL_CALL_MODES)}")
-
-
-def check_format(value: object) -> str:
-    """``tool_call_format`` checked where it is given."""
-    if isinstance(value, str) and value.lower() in PARSE_FORMATS:
-        return value.lower()
-    raise ConfigurationError(f"FleetEnv(tool_call_format={value!r:.40}) is not a known "
-                             "tool-call format", hint=f"use one of {', '.join(PARSE_FORMATS)}")
 
 
 def read_turn(action: object, *, format: str = "auto",

@@ -24,7 +24,7 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.redaction import register_secret
 from fleetenv.core.retry import Backoff, Deadline, RetryPolicy
-from fleetenv.core.vocabulary import Modality
+from fleetenv.core.types import Modality
 from fleetenv.fleet.classify import is_rate_limit, provisioning_error
 from fleetenv.fleet.deadlines import ProvisioningDeadlineExceeded, deadline_scope
 from fleetenv.fleet.limits import Gate, KeyLimiter

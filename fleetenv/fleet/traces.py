@@ -55,8 +55,8 @@ from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.fleet.classify import error_detail
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.core.types import RolloutResult
     from fleetenv.fleet.session import Session
-    from fleetenv.rollouts.rollout import RolloutResult
 
 __all__ = ["TraceClient", "TraceOptions", "TraceReport", "TraceUploadError",
            "TraceUploader", "ingest_request", "trace_body"]

@@ -19,83 +19,20 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, VerifierError
-from fleetenv.core.redaction import redact
+from fleetenv.core.errors import DeadlineExceeded, FleetEnvError
 from fleetenv.core.retry import Deadline, RetryPolicy
-from fleetenv.core.vocabulary import GradeReason, GradeStatus
+from fleetenv.core.types import Grade, GradeReason, GradeStatus
 from fleetenv.fleet.classify import provisioning_error
-from fleetenv.fleet.verifier_output import AppGrade, judge_failed, parse_partial
+from fleetenv.fleet.verifier_output import judge_failed, parse_partial
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleet.client import SyncEnv
 
-__all__ = ["AppGrade", "Grade", "score_of", "verify"]
+__all__ = ["score_of", "verify"]
 
 logger = logging.getLogger("fleetenv.verifier")
-
-
-@dataclass(frozen=True)
-class Grade:
-    """The outcome of one verification: a graded reward, or unknown with a reason.
-
-    ``reward`` is what the episode returns. It is the verifier's own ``score``, except
-    with ``partial_reward`` on, where a score of 0.0 is replaced by the ``partial`` score
-    when the verifier's stdout has one (the previous client's rule).
-    """
-
-    reward: float | None
-    status: GradeStatus
-    reason: GradeReason | None = None
-    """Why the grade is unknown (``None`` when graded)."""
-    stdout: str | None = None
-    error: str | None = None
-    execution_id: str | None = None
-    seconds: float = 0.0
-    queue_s: float | None = None
-    """Of ``seconds``, how long the runs waited for a free verifier runner before they
-    started, when the runner says (the local Fleet does; ``None`` when it does not)."""
-    score: float | None = None
-    """The verifier's own score (the strict reward), ``None`` when unknown."""
-    partial: float | None = None
-    """The partial score read from stdout (accumulators or multi-app), if it has one;
-    read whether or not ``partial_reward`` is on, so it can be logged either way."""
-    apps: dict[str, AppGrade] = field(default_factory=dict, hash=False)
-    """Per-app verdicts of a multi-app verifier (``App <name>: 0|1``), by app name."""
-    attempts: int = 1
-    """How many times the verifier was run (or tried) for this grade."""
-    error_type: str | None = None
-    """The class of the last error (``DeadlineExceeded``, ``AssertionError``...)."""
-
-    @classmethod
-    def unknown(cls, reason: GradeReason, error: str | None = None, **fields: Any) -> Grade:
-        return cls(reward=None, status=GradeStatus.UNKNOWN, reason=reason,
-                   error=redact(error) if error else None, **fields)
-
-    @property
-    def graded(self) -> bool:
-        return self.status is GradeStatus.GRADED
-
-    def raise_for_status(self) -> Grade:
-        """Return the grade if it is one; raise ``VerifierError`` if it is unknown.
-
-        For callers (evaluation scripts, CI checks) that would rather stop than carry a
-        ``None`` reward along; like ``requests.Response.raise_for_status``.
-        """
-        if self.graded:
-            return self
-        raise VerifierError(
-            f"the grade is unknown ({self.reason}): {self.error or 'no error message'}",
-            hint="see the verifier's stdout and error; an unknown grade is not a 0.0",
-            execution=self.execution_id)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["status"] = str(self.status)
-        data["reason"] = None if self.reason is None else str(self.reason)
-        return data
 
 
 def score_of(result: Any) -> float | None:

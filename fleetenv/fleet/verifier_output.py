@@ -38,8 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from fleetenv.core.types import AppGrade
+
 __all__ = [
-    "AppGrade",
     "PartialScore",
     "accepts_conversation",
     "judge_failed",
@@ -89,20 +90,6 @@ def _block(stdout: str, name: str) -> str | None:
 
 _ERRORS = "ERROR_ACCUMULATOR"
 _SUCCESSES = "SUCCESS_ACCUMULATOR"
-
-
-@dataclass(frozen=True)
-class AppGrade:
-    """One app's verdict in a multi-app verifier's output."""
-
-    score: float
-    """What its ``App <name>: n`` line said (``1.0`` passed, ``0.0`` failed)."""
-    trivial: bool = False
-    """It passed only because nothing changed there; excluded from the partial score."""
-
-    @property
-    def passed(self) -> bool:
-        return self.score >= 1.0
 
 
 @dataclass(frozen=True)

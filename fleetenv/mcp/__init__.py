@@ -4,17 +4,7 @@ Importing this package is cheap: ``mcp`` and ``httpx2`` are imported when a sess
 first opened.
 """
 
-from fleetenv.mcp.connection import CALL_ID_META_KEY, MCPConnection
-from fleetenv.mcp.http import set_handshake_limit
-from fleetenv.mcp.notifications import (
-    Notification,
-    NotificationCallback,
-    ServerLogMessage,
-    ToolProgressUpdate,
-    ToolsListChanged,
-)
-from fleetenv.mcp.resources import Resource, ResourceError, ResourceTemplate
-from fleetenv.mcp.results import (
+from fleetenv.core.tool_results import (
     DEFAULT_MAX_TEXT_CHARS,
     AudioBlock,
     ContentAnnotations,
@@ -25,6 +15,16 @@ from fleetenv.mcp.results import (
     TextBlock,
     ToolResult,
 )
+from fleetenv.mcp.connection import CALL_ID_META_KEY, MCPConnection
+from fleetenv.mcp.http import set_handshake_limit
+from fleetenv.mcp.notifications import (
+    Notification,
+    NotificationCallback,
+    ServerLogMessage,
+    ToolProgressUpdate,
+    ToolsListChanged,
+)
+from fleetenv.mcp.resources import Resource, ResourceError, ResourceTemplate
 from fleetenv.mcp.router import MODALITIES, Endpoint, ToolRouter, endpoints_for
 from fleetenv.mcp.schema import to_openai_parameters
 from fleetenv.mcp.tools import Tool, ToolHints

@@ -44,11 +44,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from fleetenv import runtime
 from fleetenv.core.errors import FleetEnvError, ToolCallError
 from fleetenv.core.retry import Deadline, RetryPolicy
+from fleetenv.core.tool_results import ResourceBlock, ToolResult
 from fleetenv.mcp import compat, failures, http, notifications, resources
 from fleetenv.mcp.arguments import require_object
 from fleetenv.mcp.notifications import NotificationCallback
 from fleetenv.mcp.resources import Resource, ResourceTemplate
-from fleetenv.mcp.results import ResourceBlock, ToolResult
 from fleetenv.mcp.tools import Tool
 from fleetenv.runtime.loop import on_fleetenv_loop
 

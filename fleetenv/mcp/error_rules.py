@@ -1,6 +1,6 @@
 """Whether a tool result is an error: one documented, configurable rule, applied once.
 
-MCP has a flag for it (``isError``), and :class:`~fleetenv.mcp.results.ToolResult`
+MCP has a flag for it (``isError``), and :class:`~fleetenv.core.tool_results.ToolResult`
 keeps that flag as it came. But many of Fleet's servers answer a failed request with a
 normal result whose *payload* says it failed, and users of the previous Fleet client
 rely on those counting as tool errors (in the episode's error count, the agent's
@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from fleetenv.core.errors import ConfigurationError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.mcp.results import ToolResult
+    from fleetenv.core.tool_results import ToolResult
 
 __all__ = ["RULE_NAMES", "ToolErrorRule", "decide", "fleet_rule", "payload_of",
            "protocol_rule", "resolve_rule"]
@@ -87,7 +87,7 @@ def fleet_rule(result: ToolResult) -> str | None:
 def payload_of(result: ToolResult) -> dict[str, Any] | None:
     """The JSON object a result carries: its structured content, or its only block when
     that is a text holding a JSON object (``None`` otherwise)."""
-    from fleetenv.mcp.results import TextBlock
+    from fleetenv.core.tool_results import TextBlock
 
     if isinstance(result.structured, dict):
         return result.structured

@@ -42,7 +42,7 @@ from fleetenv.core.errors import (
     ToolCallMayHaveRunError,
     ToolError,
 )
-from fleetenv.mcp.results import ToolResult
+from fleetenv.core.tool_results import ToolResult
 
 __all__ = [
     "RETRYABLE_HTTP_STATUSES",

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.errors import DeadlineExceeded, ResourceError
+from fleetenv.core.tool_results import ContentAnnotations, ResourceBlock, read_resource_block
 from fleetenv.mcp import failures
-from fleetenv.mcp.results import ContentAnnotations, ResourceBlock, read_resource_block
 
 if TYPE_CHECKING:
     from mcp import ClientSession

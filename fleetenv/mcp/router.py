@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 from fleetenv import runtime
 from fleetenv.core.errors import ConfigurationError, ConnectError, FleetEnvError, ToolNotFoundError
 from fleetenv.core.retry import RetryPolicy
+from fleetenv.core.tool_results import ResourceBlock, ToolResult
 from fleetenv.mcp.arguments import require_object
 from fleetenv.mcp.connection import MCPConnection
 from fleetenv.mcp.notifications import NotificationCallback
 from fleetenv.mcp.resources import Resource, ResourceError, ResourceTemplate
-from fleetenv.mcp.results import ResourceBlock, ToolResult
 from fleetenv.mcp.tools import Tool
 from fleetenv.runtime.loop import on_fleetenv_loop
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.rendering import OUTCOMES, outcome_of
-from fleetenv.rollouts.rollout import RolloutResult
+from fleetenv.core.types import RolloutResult
 
 __all__ = ["RunData", "TaskStats", "ToolStats", "load_run"]
 

@@ -19,11 +19,11 @@ from typing import Any
 
 from fleetenv.core.redaction import scrub_secrets
 from fleetenv.core.rendering import OUTCOMES, ImageBudget, outcome_of, render_transcript
+from fleetenv.core.types import RolloutResult
 from fleetenv.reports.assets import CSS, SCRIPT, content_security_policy
 from fleetenv.reports.data import RunData
 from fleetenv.reports.plots import Bar, bar_chart, histogram
 from fleetenv.rollouts.metrics import percentile, summarize
-from fleetenv.rollouts.rollout import RolloutResult
 
 __all__ = ["MAX_IMAGE_MB", "page", "render_html", "write_html"]
 

@@ -25,12 +25,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
-from fleetenv.core.vocabulary import StopReason
+from fleetenv.core.types import RolloutResult, StopReason
 from fleetenv.env.driver import blocking_executor
 from fleetenv.fleet.session import Session
 from fleetenv.rollouts.async_rollout import run_episode_async
 from fleetenv.rollouts.jobs import RolloutJob, blame_cancellation, failed_result
-from fleetenv.rollouts.rollout import CancelToken, RolloutResult
+from fleetenv.rollouts.rollout import CancelToken
 from fleetenv.runtime import loop as runtime
 
 __all__ = ["LoopEpisodes"]
@@ -112,9 +112,9 @@ class LoopEpisodes:
         try:
             result = await run_episode_async(
                 job.task, job.policy, session=self._session, sample=job.sample,
-                events=self._events, max_steps=settings.max_steps,
+                events=self._events, options=settings.options,
                 system_prompt=settings.system_prompt, cancel=cancel,
-                run_tag=settings.run_tag, policy_executor=self._policies)
+                policy_executor=self._policies)
         finally:
             blocking_executor.reset(token)
         if cancel.is_set():

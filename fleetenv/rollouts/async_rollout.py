@@ -31,7 +31,7 @@ from fleetenv.core.config import FleetConfig
 from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import StopReason
+from fleetenv.core.types import RolloutResult, StopReason
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.rollouts.policy import (
     CallablePolicy,
@@ -42,10 +42,11 @@ from fleetenv.rollouts.policy import (
     to_reply,
 )
 from fleetenv.rollouts.policy_spec import PolicySpec, as_policy, parse_policy_spec
-from fleetenv.rollouts.rollout import CancelToken, Episode, RolloutResult
+from fleetenv.rollouts.rollout import CancelToken, Episode
 from fleetenv.runtime import loop as runtime
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.env.options import EpisodeOptions
     from fleetenv.fleet.session import Session
 
 __all__ = ["is_async_policy", "run_episode_async", "runs_on_loop"]
@@ -133,6 +134,7 @@ async def run_episode_async(
     config: FleetConfig | None = None,
     sample: int = 0,
     events: EventBus | None = None,
+    options: EpisodeOptions | None = None,
     max_steps: int | None = None,
     system_prompt: str | None = None,
     cancel: CancelToken | None = None,
@@ -152,7 +154,7 @@ async def run_episode_async(
         actor = _Actor(policy, policy_executor)
         episode.result.policy = actor.label
         env = episode.make_env(session=session, config=config, events=events,
-                               max_steps=max_steps, run_tag=run_tag)
+                               options=options, max_steps=max_steps, run_tag=run_tag)
         if cancel is not None and not cancel.try_register(env):
             raise RolloutCancelled("the run was cancelled")
         observation, _ = await env.reset_async()

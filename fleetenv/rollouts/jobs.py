@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleetenv.core.config import FleetConfig
@@ -24,11 +24,12 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event
 from fleetenv.core.redaction import redact
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import StopReason
+from fleetenv.core.types import RolloutResult, StopReason
+from fleetenv.env.options import EpisodeOptions
 from fleetenv.fleet.session import Session
 from fleetenv.rollouts.policy import Policy, PolicyContext
 from fleetenv.rollouts.policy_spec import PolicySpec
-from fleetenv.rollouts.rollout import CancelToken, RolloutResult, run_episode
+from fleetenv.rollouts.rollout import CancelToken, run_episode
 
 __all__ = [
     "JobOutcome",
@@ -54,10 +55,14 @@ class RolloutSettings:
     """What every rollout of a run shares."""
 
     config: FleetConfig
-    max_steps: int | None = None
+    options: EpisodeOptions = field(default_factory=EpisodeOptions)
+    """The options of every episode (its ``run_tag`` is the run's)."""
     system_prompt: str | None = None
-    run_tag: str | None = None
-    """Tag of every instance the rollout creates, so the runner can sweep them."""
+
+    @property
+    def run_tag(self) -> str | None:
+        """Tag of every instance the rollout creates, so the runner can sweep them."""
+        return self.options.run_tag
 
     def effective_config(self) -> FleetConfig:
         if self.run_tag and self.config.run_tag != self.run_tag:
@@ -124,9 +129,8 @@ def run_job(job: RolloutJob, *, session: Session | None = None,
     except Exception as exc:
         return failed_result(job, exc)
     result = run_episode(job.task, job.policy, session=session, sample=job.sample,
-                         events=events, max_steps=settings.max_steps,
-                         system_prompt=settings.system_prompt, cancel=cancel,
-                         run_tag=settings.run_tag)
+                         events=events, options=settings.options,
+                         system_prompt=settings.system_prompt, cancel=cancel)
     if cancel is not None and cancel.is_set():
         blame_cancellation(result)
     return result

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fleetenv.core.errors import ArgumentTypeError, MetricsError
-from fleetenv.rollouts.rollout import RolloutResult
+from fleetenv.core.types import RolloutResult
 
 __all__ = [
     "EnvBreakdown",

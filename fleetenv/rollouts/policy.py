@@ -19,7 +19,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.tasks import Task
-from fleetenv.env.actions import Action, Done, FinalAnswer, ToolCall, parse_action
+from fleetenv.core.types import Action, Done, FinalAnswer, ToolCall
+from fleetenv.env.actions import parse_action
 
 
 @dataclass

@@ -67,6 +67,7 @@ runner on a multi-node cluster is a ``ConfigurationError``.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import importlib
 import itertools
 import logging
@@ -88,7 +89,8 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import Modality, StopReason
+from fleetenv.core.types import Modality, RolloutResult, StopReason
+from fleetenv.env.options import EpisodeOptions
 from fleetenv.fleet.provisioning import new_run_tag
 from fleetenv.fleet.registry import install_signal_handlers, track
 from fleetenv.fleet.session import Session
@@ -103,7 +105,6 @@ from fleetenv.rollouts.jobs import (
 from fleetenv.rollouts.policy_spec import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
 from fleetenv.rollouts.ray_actors import LiveInstanceCap, RolloutWorker
-from fleetenv.rollouts.rollout import RolloutResult
 
 __all__ = ["RayRunner"]
 
@@ -152,6 +153,7 @@ class RayRunner:
         events: EventBus | None = None,
         max_steps: int | None = None,
         system_prompt: str | None = None,
+        options: EpisodeOptions | None = None,
         progress: bool | None = None,
         worker_options: Mapping[str, Any] | None = None,
         warm_pool: int | None = None,
@@ -180,13 +182,12 @@ class RayRunner:
         self.per_worker = per_worker
         self.max_in_flight = max_in_flight or workers * per_worker
         self.events: EventBus = events if events is not None else self.session.events
-        self._max_steps = max_steps
-        self._system_prompt = system_prompt
         self._worker_options = dict(worker_options or {})
         self._warm_pool = warm_pool
         self._worker_config = self._make_worker_config()
-        self._settings = RolloutSettings(config=self._worker_config, max_steps=max_steps,
-                                         system_prompt=system_prompt, run_tag=self.run_tag)
+        self._settings = RolloutSettings(
+            config=self._worker_config, system_prompt=system_prompt,
+            options=EpisodeOptions.of(options, max_steps=max_steps, run_tag=self.run_tag))
         self._id = f"{self.run_tag}:{uuid.uuid4().hex[:8]}"
         self._holders = itertools.count()
         self._slots = threading.Semaphore(self.max_in_flight)
@@ -268,8 +269,8 @@ class RayRunner:
             self._next_index += 1
             tag = f"{self.run_tag[:90]}-w{index}"
             self._tags.append(tag)
-        settings = RolloutSettings(config=self._worker_config, max_steps=self._max_steps,
-                                   system_prompt=self._system_prompt, run_tag=tag)
+        settings = dataclasses.replace(
+            self._settings, options=EpisodeOptions.of(self._settings.options, run_tag=tag))
         options: dict[str, Any] = {"num_cpus": 0, "scheduling_strategy": "SPREAD",
                                    "max_concurrency": self.per_worker + 2,
                                    "max_restarts": 0, "max_task_retries": 0}

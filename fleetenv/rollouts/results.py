@@ -46,7 +46,7 @@ from typing import IO, Any
 from fleetenv._version import __version__
 from fleetenv.core.errors import ResultsFileError
 from fleetenv.core.redaction import scrub_secrets, scrub_value
-from fleetenv.rollouts.rollout import RolloutResult
+from fleetenv.core.types import RolloutResult
 
 __all__ = ["MANIFEST_RECORD", "SCHEMA_VERSION", "ResultsFileError", "ResultsWriter",
            "base_manifest", "is_header", "iter_results", "manifest_path", "read_manifest",

@@ -11,120 +11,24 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.core.config import FleetConfig
 from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
-from fleetenv.core.redaction import redact, scrub_secrets, scrub_value
+from fleetenv.core.redaction import redact
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import GradeReason, GradeStatus, StopReason
-from fleetenv.env.actions import Action
+from fleetenv.core.types import Action, Observation, RolloutResult, StopReason
 from fleetenv.env.argument_hints import task_type_error
 from fleetenv.env.fleet_env import FleetEnv
-from fleetenv.env.observation import Observation
 from fleetenv.rollouts.policy import Policy, PolicyContext, Reply
 from fleetenv.rollouts.policy_spec import as_policy
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.env.options import EpisodeOptions
     from fleetenv.fleet.session import Session
 
-__all__ = ["CancelToken", "Episode", "RolloutCancelled", "RolloutResult", "run_episode"]
-
-
-@dataclass
-class RolloutResult:
-    """Everything worth keeping about one rollout (one JSONL line in a results file)."""
-
-    task_key: str
-    env_key: str
-    sample: int = 0
-    rollout_id: str | None = None
-    policy: str | None = None
-    reward: float | None = None
-    """The graded reward; ``None`` when the grade is unknown or the rollout failed."""
-    grade_status: GradeStatus = GradeStatus.NOT_GRADED
-    """``graded``, ``unknown`` (the verifier could not grade) or ``not_graded``."""
-    grade_reason: GradeReason | None = None
-    stop_reason: StopReason | None = None
-    """Why the rollout ended (a :class:`~fleetenv.StopReason`)."""
-    turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    tool_error_messages: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    """Seconds: ``provision_s``, ``steps_s``, ``policy_s``, ``verify_s``, ``total_s``."""
-    instance_id: str | None = None
-    final_answer: str | None = None
-    verifier_stdout: str | None = None
-    verifier_error: str | None = None
-    verifier_execution_id: str | None = None
-    verifier_score: float | None = None
-    """The verifier's own score, before ``partial_reward`` replaced a 0.0 (if it did)."""
-    partial_reward: float | None = None
-    """The partial score parsed from the verifier's output (accumulators, app blocks)."""
-    app_scores: dict[str, float] = field(default_factory=dict)
-    """Per app of a multi-app task, its verdict (trivial apps excluded from scoring)."""
-    error: dict[str, str] | None = None
-    """``{"type": ..., "message": ...}`` when the rollout failed."""
-    turn_meta: list[dict[str, Any]] = field(default_factory=list)
-    """Per policy reply, what the policy reported (an OpenAI-compatible policy: the
-    ``finish_reason`` and token ``usage``, and ``logprobs`` when the server sent them);
-    empty for policies that report nothing."""
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    """The tools the agent was offered (OpenAI function format), as at its first turn."""
-    tool_timings: list[dict[str, Any]] = field(default_factory=list)
-    """Per tool call sent, in order: ``{"tool", "seconds", "outcome"}`` (outcome ``ok``,
-    ``tool_error`` or ``failed``); what ``fleetenv report`` charts tool latency from."""
-    transcript: list[dict[str, Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        # Values read back from a results file arrive as plain strings.
-        self.grade_status = GradeStatus(self.grade_status)
-        if self.grade_reason is not None:
-            self.grade_reason = GradeReason(self.grade_reason)
-        if self.stop_reason is not None:
-            self.stop_reason = StopReason(self.stop_reason)
-
-    @property
-    def graded(self) -> bool:
-        return self.grade_status is GradeStatus.GRADED
-
-    @property
-    def passed(self) -> bool:
-        """Graded and full marks (the pass@k notion of success)."""
-        return self.reward is not None and self.reward >= 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (vocabulary values as their plain strings)."""
-        data = asdict(self)
-        for name in ("grade_status", "grade_reason", "stop_reason"):
-            if data[name] is not None:
-                data[name] = str(data[name])
-        return data
-
-    def __repr__(self) -> str:
-        # Transcripts and tool errors may hold what a tool echoed: no registered secret.
-        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
-        return scrub_secrets(f"{type(self).__name__}({shown})")
-
-    def scrubbed(self) -> RolloutResult:
-        """A copy without any registered secret, for a result leaving its process (a
-        worker's result on its way to the parent, which may not know that worker's
-        credentials)."""
-        return RolloutResult.from_dict(scrub_value(self.to_dict()))
-
-    def _repr_html_(self) -> str:
-        """Jupyter's rich display: outcome, reward, timings, a collapsible transcript."""
-        from fleetenv.core.rendering import result_html
-
-        return result_html(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RolloutResult:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
+__all__ = ["CancelToken", "Episode", "RolloutCancelled", "run_episode"]
 
 
 class CancelToken:
@@ -180,6 +84,7 @@ def run_episode(
     config: FleetConfig | None = None,
     sample: int = 0,
     events: EventBus | None = None,
+    options: EpisodeOptions | None = None,
     max_steps: int | None = None,
     system_prompt: str | None = None,
     cancel: CancelToken | None = None,
@@ -188,10 +93,11 @@ def run_episode(
     """Play one episode of ``policy`` on ``task`` and return its result record.
 
     Runs on ``session`` (default: the default session; ``config=`` instead: a private
-    session with those settings). Never raises for a broken episode; see the module
-    docstring. Each policy reply is ONE step (``env.step`` gets the reply's actions as
-    one turn), so a reply with N tool calls counts once toward ``max_steps``.
-    ``run_episode_async`` is the awaitable twin.
+    session with those settings). ``options`` are the episode's
+    :class:`~fleetenv.EpisodeOptions`; ``max_steps`` and ``run_tag`` override theirs.
+    Never raises for a broken episode; see the module docstring. Each policy reply is
+    ONE step (``env.step`` gets the reply's actions as one turn), so a reply with N tool
+    calls counts once toward ``max_steps``. ``run_episode_async`` is the awaitable twin.
     """
     episode = Episode(task, sample, system_prompt)
     env: FleetEnv | None = None
@@ -199,7 +105,7 @@ def run_episode(
         agent = as_policy(policy)
         episode.result.policy = getattr(policy, "describe", lambda: type(agent).__name__)()
         env = episode.make_env(session=session, config=config, events=events,
-                               max_steps=max_steps, run_tag=run_tag)
+                               options=options, max_steps=max_steps, run_tag=run_tag)
         if cancel is not None:
             cancel.register(env)
         observation, _ = env.reset()

@@ -106,7 +106,8 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
-from fleetenv.core.vocabulary import Modality, StopReason
+from fleetenv.core.types import Modality, RolloutResult, StopReason
+from fleetenv.env.options import EpisodeOptions
 from fleetenv.fleet.deadlines import abandon_calls, calls_owner
 from fleetenv.fleet.provisioning import new_run_tag
 from fleetenv.fleet.registry import install_signal_handlers
@@ -127,7 +128,7 @@ from fleetenv.rollouts.jobs import (
 )
 from fleetenv.rollouts.policy_spec import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
-from fleetenv.rollouts.rollout import CancelToken, RolloutResult
+from fleetenv.rollouts.rollout import CancelToken
 from fleetenv.rollouts.runner_async import in_thread, iterate_async, take_slot_async
 from fleetenv.runtime.loop import await_future
 
@@ -159,6 +160,7 @@ class Runner:
         max_in_flight: int | None = None,
         max_steps: int | None = None,
         system_prompt: str | None = None,
+        options: EpisodeOptions | None = None,
         progress: bool | None = None,
         traces: str | TraceOptions | None = None,
     ) -> None:
@@ -193,8 +195,9 @@ class Runner:
         self._in_process = mode != "processes"
         job_config = (self.config if self._in_process
                       else _worker_config(self.session, workers))
-        self._settings = RolloutSettings(config=job_config, max_steps=max_steps,
-                                         system_prompt=system_prompt, run_tag=self.run_tag)
+        self._settings = RolloutSettings(
+            config=job_config, system_prompt=system_prompt,
+            options=EpisodeOptions.of(options, max_steps=max_steps, run_tag=self.run_tag))
         self._slots = threading.Semaphore(self.max_in_flight)
         self._token = CancelToken()
         self._loop_episodes: LoopEpisodes | None = None

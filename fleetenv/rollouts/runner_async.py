@@ -20,8 +20,8 @@ import anyio
 from fleetenv.runtime import loop as runtime
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fleetenv.core.types import RolloutResult
     from fleetenv.rollouts.jobs import RolloutJob
-    from fleetenv.rollouts.rollout import RolloutResult
     from fleetenv.rollouts.runner import Runner
 
 __all__ = ["in_thread", "iterate_async", "take_slot_async"]

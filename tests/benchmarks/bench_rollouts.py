@@ -56,7 +56,7 @@ from fleetenv import runtime
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
-from fleetenv.env.actions import Done, ToolCall
+from fleetenv.core.types import Done, ToolCall
 from fleetenv.local import LocalFleet
 from fleetenv.rollouts.policy import PolicyContext, Reply
 from fleetenv.rollouts.runner import Runner

@@ -70,7 +70,7 @@ from fleetenv import runtime
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
-from fleetenv.env.actions import Done, ToolCall
+from fleetenv.core.types import Done, ToolCall
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.fleet.session import Session
 from fleetenv.local import LocalFleet

@@ -55,9 +55,9 @@ from typing import Any
 import fleetenv
 from fleetenv import bundled_tasks_path
 from fleetenv.core.event_bus import EventBus
+from fleetenv.core.types import RolloutResult
 from fleetenv.local import LocalFleet
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
-from fleetenv.rollouts.rollout import RolloutResult
 from fleetenv.rollouts.runner import Runner
 
 CREATE_FAULTS = ("create_transient", "create_permanent", "control_429", "control_5xx")

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fleetenv import runtime
 from fleetenv.adapters.openenv.rendering import legacy_value
 from fleetenv.core.errors import ConfigurationError, InvalidActionError
-from fleetenv.core.vocabulary import Modality
+from fleetenv.core.tool_results import DEFAULT_MAX_TEXT_CHARS
+from fleetenv.core.types import Modality
 from fleetenv.env.driver import Blocking, Plan, run_async
 from fleetenv.fleet.session import Session
-from fleetenv.mcp.results import DEFAULT_MAX_TEXT_CHARS
 from fleetenv.mcp.router import Endpoint, ToolRouter
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -7,7 +7,7 @@ object or list printed by the tool arrives *parsed* (``obs["observation"]["rows"
 works), a failed call arrives as ``{"error": message}``, and a result with images
 arrives as chat content parts. What fleetenv fixed stays fixed: any other text is kept
 exactly as the tool returned it (``"null"`` stays ``"null"``, ``"007"`` stays a string),
-blocks keep their order, and the typed :class:`~fleetenv.mcp.results.ToolResult` stays
+blocks keep their order, and the typed :class:`~fleetenv.core.tool_results.ToolResult` stays
 available next to this rendering (``info["typed_result"]``).
 """
 

@@ -91,14 +91,15 @@ from fleetenv.adapters.openenv.access import AccessGuard, AccessRules
 from fleetenv.core.config import finite_reward
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError
 from fleetenv.core.tasks import Task, select_tasks
-from fleetenv.env.actions import ToolCall
+from fleetenv.core.types import ToolCall
 from fleetenv.env.fleet_env import FleetEnv
+from fleetenv.env.options import EpisodeOptions
 from fleetenv.fleet.session import Session
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI
 
-    from fleetenv.env.observation import Observation as FleetEnvObservation
+    from fleetenv.core.types import Observation as FleetEnvObservation
 
 __all__ = [
     "FleetCallToolObservation",
@@ -223,14 +224,14 @@ class FleetServerSettings:
     ``tasks`` maps task keys to tasks; ``default_task`` is the key a ``reset`` without
     ``task`` plays (default: the only task, if there is one). ``session`` is the
     :class:`fleetenv.Session` all episodes run on (its caps hold across sessions).
-    ``env_options`` go to each :class:`fleetenv.FleetEnv` (``max_steps``,
-    ``tool_call_format``, ``no_tool_call``, ...).
+    ``options`` are the :class:`fleetenv.EpisodeOptions` of every episode
+    (``max_steps``, ``tool_call_format``, ``no_tool_call``, ...).
     """
 
     tasks: Mapping[str, Task]
     session: Session
     default_task: str | None = None
-    env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    options: EpisodeOptions = dataclasses.field(default_factory=EpisodeOptions)
     unknown_reward: float | None = None
 
     def __post_init__(self) -> None:
@@ -246,11 +247,12 @@ class FleetServerSettings:
     @classmethod
     def build(cls, tasks: Sequence[Task] | Mapping[str, Task], *,
               session: Session | None = None, default_task: str | None = None,
-              unknown_reward: float | None = None,
-              **env_options: Any) -> FleetServerSettings:
+              unknown_reward: float | None = None, options: EpisodeOptions | None = None,
+              **episode_options: Any) -> FleetServerSettings:
         by_key = dict(tasks) if isinstance(tasks, Mapping) else {t.key: t for t in tasks}
         return cls(tasks=by_key, session=session if session is not None else Session(),
-                   default_task=default_task, env_options=env_options,
+                   default_task=default_task,
+                   options=EpisodeOptions.of(options, **episode_options),
                    unknown_reward=unknown_reward)
 
     def pick(self, key: str | None) -> Task:
@@ -327,7 +329,7 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
                 previous, env = env, None
             if env is None:
                 env = FleetEnv(task, session=self.settings.session,
-                               **dict(self.settings.env_options))
+                               options=self.settings.options)
                 self.fleet_env = env
         if previous is not None:
             previous.close(grade=False)
@@ -345,10 +347,10 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
                                         done=env.done, reward=None)
         if action.type == "call_tool":
             assert action.tool_name is not None  # checked by FleetServerAction
-            observation, reward, terminated, truncated, info = env.step(
+            observation, reward, terminated, truncated, step_info = env.step(
                 ToolCall(action.tool_name, action.arguments))
             done = terminated or truncated
-            reward, info = self._reward(reward, done, info)
+            reward, info = self._reward(reward, done, step_info)
             return FleetCallToolObservation(
                 tool_name=action.tool_name, result=observation.text,
                 task_key=env.task.key, step=observation.step, text=observation.text,
@@ -356,9 +358,9 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
                 stop_reason=info.get("stop_reason"), info=info, metadata=info,
                 done=done, reward=reward)
         turn: object = action.text if action.text is not None else action.message
-        observation, reward, terminated, truncated, info = env.step(turn)
+        observation, reward, terminated, truncated, step_info = env.step(turn)
         done = terminated or truncated
-        reward, info = self._reward(reward, done, info)
+        reward, info = self._reward(reward, done, step_info)
         return FleetServerObservation(
             task_key=env.task.key, prompt=observation.prompt, step=observation.step,
             text=observation.text, messages=observation.to_messages(),
@@ -374,7 +376,7 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
         stop = env.stop_reason
         reward = env.reward if env.done else None
         return FleetServerState(
-            episode_id=self._episode_id, step_count=env.turns, task_key=env.task.key,
+            episode_id=self._episode_id, step_count=env.stats.turns, task_key=env.task.key,
             env_key=env.task.env_spec, instance_id=env.instance_id, done=env.done,
             reward=reward, stop_reason=str(stop.value) if stop is not None else None)
 
@@ -407,7 +409,7 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
                                          "instance and lists its tools")
         return env
 
-    def _reward(self, reward: float | None, done: bool, info: dict[str, Any]
+    def _reward(self, reward: float | None, done: bool, info: Mapping[str, Any]
                 ) -> tuple[float | None, dict[str, Any]]:
         safe = _json_safe(info)
         if done:

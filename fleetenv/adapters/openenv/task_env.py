@@ -37,10 +37,10 @@ from fleetenv.adapters.openenv.rendering import legacy_value
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task, select_tasks
-from fleetenv.env.actions import SUBMIT_FINAL_ANSWER, ListTools
+from fleetenv.core.types import ListTools, Observation
+from fleetenv.env.actions import SUBMIT_FINAL_ANSWER
 from fleetenv.env.driver import Blocking, Plan, run_async
 from fleetenv.env.fleet_env import FleetEnv
-from fleetenv.env.observation import Observation
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.adapters.openenv.types import FleetObservation, FleetState, StepResult
@@ -176,15 +176,15 @@ class FleetTaskEnv:
     def partial_reward(self) -> bool:
         """Whether a 0.0 score is replaced by the verifier's partial score (default:
         the task's ``metadata["partial_reward"]``, else off, as in the original)."""
-        return self._env.partial_reward
+        return self._env.options.partial_reward
 
     @property
     def ttl_seconds(self) -> int:
-        return self._env.ttl_seconds
+        return self._env.options.ttl_seconds
 
     @property
     def max_steps(self) -> int:
-        return self._env.max_steps
+        return self._env.options.max_steps
 
     @property
     def request_timeout_s(self) -> float:
@@ -267,7 +267,7 @@ class FleetTaskEnv:
 
     @property
     def _step_count(self) -> int:
-        return self._env.turns
+        return self._env.stats.turns
 
     @property
     def _submitted_answer(self) -> str | None:
@@ -356,7 +356,7 @@ class FleetTaskEnv:
         """The episode as OpenEnv's ``State`` (``episode_id`` is the rollout id)."""
         from fleetenv.adapters.openenv.types import FleetState
 
-        return FleetState(episode_id=self._env.rollout_id, step_count=self._env.turns,
+        return FleetState(episode_id=self._env.rollout_id, step_count=self._env.stats.turns,
                           task_key=self.task_key, env_key=self._env.task.env_spec,
                           instance_id=self.instance_id, root_url=self.root_url,
                           done=self._done, final_reward=self.final_reward)
@@ -404,7 +404,7 @@ class FleetTaskEnv:
         return obs
 
     def _step_result(self, observation: Observation, reward: float | None,
-                     terminated: bool, truncated: bool, info: dict[str, Any], *,
+                     terminated: bool, truncated: bool, step_info: Mapping[str, Any], *,
                      noop: bool) -> StepTuple:
         self.last_observation = observation
         obs = self._base_obs(observation)
@@ -416,7 +416,7 @@ class FleetTaskEnv:
             value = legacy_value(observation.content, observation.error)
         obs["observation"] = value
         done = terminated or truncated
-        info = dict(info)
+        info = dict(step_info)
         if noop:
             info.pop("tool_name", None)
         elif observation.tool_name is not None:

@@ -19,6 +19,7 @@ from fleetenv.adapters.tinker.env import DEFAULT_SYSTEM_PROMPT
 from fleetenv.adapters.tinker.group import FleetEnvGroupBuilder
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.tasks import Task
+from fleetenv.env.options import EpisodeOptions
 
 __all__ = ["FleetRLDataset", "FleetRLDatasetBuilder"]
 
@@ -127,9 +128,6 @@ class FleetRLDatasetBuilder(cb.RLDatasetBuilderBase):
         return tasks
 
     def _builder_factory(self, group_size: int) -> _MakeBuilder:
-        options: dict[str, Any] = {}
-        if self.max_steps is not None:
-            options["max_steps"] = self.max_steps
         caps = {name: value for name, value in (
             ("max_live_instances", self.max_live_instances),
             ("max_creating_instances", self.max_creating_instances)) if value is not None}
@@ -140,7 +138,8 @@ class FleetRLDatasetBuilder(cb.RLDatasetBuilderBase):
             "terminate_on_parse_error": self.terminate_on_parse_error,
             "unknown_reward": self.unknown_reward,
             "max_trajectory_tokens": self.max_trajectory_tokens,
-            "env_options": options, "base_url": self.base_url, "fleet_settings": caps})
+            "env_options": EpisodeOptions(max_steps=self.max_steps),
+            "base_url": self.base_url, "fleet_settings": caps})
 
 
 class _MakeBuilder:

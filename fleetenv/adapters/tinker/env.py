@@ -47,13 +47,12 @@ from fleetenv.adapters.tinker.metrics import (
     turn_metrics,
 )
 from fleetenv.core.errors import EpisodeStateError
-from fleetenv.core.vocabulary import StopReason
-from fleetenv.env.actions import Done, FinalAnswer
+from fleetenv.core.types import Done, FinalAnswer, StopReason
 from fleetenv.env.turns import text_of
 
 if TYPE_CHECKING:
+    from fleetenv.core.types import Observation
     from fleetenv.env.fleet_env import FleetEnv
-    from fleetenv.env.observation import Observation
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "FleetTinkerEnv"]
 
@@ -136,7 +135,7 @@ class FleetTinkerEnv(cb.EnvBase):
             # fleetenv reads the broken call itself: a parse-error turn, an event, a count.
             turn = "\n".join(call.raw_text for call in unparsed)
         else:
-            turn = _fleet_turn(message, self.fleet_env.no_tool_call)
+            turn = _fleet_turn(message, self.fleet_env.options.no_tool_call)
         started = time.monotonic()
         observation, reward, terminated, truncated, info = (
             await self.fleet_env.step_async(turn))

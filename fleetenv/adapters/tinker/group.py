@@ -31,18 +31,12 @@ from fleetenv.core.config import finite_reward
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.tasks import Task
 from fleetenv.env.fleet_env import FleetEnv
+from fleetenv.env.options import EpisodeOptions
 from fleetenv.fleet.session import Session
 
 __all__ = ["FleetEnvGroupBuilder", "session_for"]
 
 logger = logging.getLogger(__name__)
-
-#: FleetEnv options a builder passes through (the rest are this adapter's own).
-_ENV_OPTIONS = frozenset({
-    "max_steps", "ttl_seconds", "episode_deadline_s", "max_text_chars", "run_tag",
-    "check_arguments", "tool_error_rule", "partial_reward", "context_tools", "meta_tools",
-    "tool_call_format", "no_tool_call",
-})
 
 _closer: ThreadPoolExecutor | None = None
 _closer_lock = threading.Lock()
@@ -72,8 +66,9 @@ class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):
     ``model_name`` names the tokenizer (a Hugging Face model id, a local directory, or a
     name registered with ``tinker_cookbook.tokenizer_utils.register_tokenizer``);
     ``renderer_name`` the cookbook renderer (default: the one the cookbook recommends
-    for the model). ``env_options`` are :class:`fleetenv.FleetEnv` options
-    (``max_steps``, ``episode_deadline_s``, ``partial_reward``, ``no_tool_call``, ...).
+    for the model). ``env_options`` is the :class:`fleetenv.EpisodeOptions` of every
+    episode (or a mapping of its fields: ``max_steps``, ``episode_deadline_s``,
+    ``partial_reward``, ``no_tool_call``, ...).
     ``base_url`` / ``fleet_settings`` pick the session (:func:`session_for`).
 
     Rewards: the episode's grade; ``unknown_reward`` when the grade is unknown;
@@ -89,7 +84,7 @@ class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):
                  terminate_on_parse_error: bool = True,
                  unknown_reward: float = 0.0,
                  max_trajectory_tokens: int | None = None,
-                 env_options: Mapping[str, Any] | None = None,
+                 env_options: EpisodeOptions | Mapping[str, Any] | None = None,
                  base_url: str | None = None,
                  fleet_settings: Mapping[str, Any] | None = None,
                  cleanup_timeout_s: float = 60.0,
@@ -103,11 +98,11 @@ class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):
             raise ConfigurationError("model_name must name the tokenizer",
                                      hint='e.g. model_name="Qwen/Qwen3-8B"',
                                      field="model_name")
-        unknown = set(env_options or {}) - _ENV_OPTIONS
-        if unknown:
+        options = EpisodeOptions.of(env_options)
+        if options.failed_parse_reward is not None:  # this adapter pays it, not FleetEnv
             raise ConfigurationError(
-                f"unknown FleetEnv option(s) in env_options: {', '.join(sorted(unknown))}",
-                hint=f"use {', '.join(sorted(_ENV_OPTIONS))}", field="env_options")
+                "failed_parse_reward is a setting of the builder, not of env_options",
+                hint="pass FleetEnvGroupBuilder(failed_parse_reward=...)", field="env_options")
         self.group_size = group_size
         self.model_name = model_name
         self.renderer_name = renderer_name
@@ -119,7 +114,7 @@ class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):
         self.unknown_reward = finite_reward(unknown_reward, field="unknown_reward",
                                             hint="e.g. unknown_reward=0.0 (the default)")
         self.max_trajectory_tokens = max_trajectory_tokens
-        self.env_options = dict(env_options or {})
+        self.env_options = options
         self.base_url = base_url
         self.fleet_settings = dict(fleet_settings or {})
         self.cleanup_timeout_s = float(cleanup_timeout_s)
@@ -159,7 +154,7 @@ class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):
         tap = ToolCallTap.on(session.events)
         envs: list[FleetTinkerEnv] = []
         for _ in range(self.group_size):
-            fleet_env = FleetEnv(self.task, session=session, **self.env_options)
+            fleet_env = FleetEnv(self.task, session=session, options=self.env_options)
             self._envs.append(fleet_env)
             envs.append(FleetTinkerEnv(
                 fleet_env, renderer, system_prompt=self.system_prompt,

@@ -19,7 +19,7 @@ from typing import Any
 
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event, ToolCallFinished
-from fleetenv.core.vocabulary import StopReason
+from fleetenv.core.types import StopReason
 
 __all__ = ["STOP_PREFIX", "ToolCallTap", "episode_logs", "episode_metrics", "stop_metric",
            "tinker_stop_reason", "turn_metrics"]
