@@ -327,7 +327,7 @@ def open_all(connections: list[MCPConnection]) -> list[BaseException | None]:
             for index in range(len(connections)):
                 group.start_soon(open_one, index)
 
-    runtime.call(run, timeout=120)
+    runtime.current().call(run, timeout=120)
     return outcomes
 
 

@@ -173,7 +173,7 @@ def test_async_twins_on_the_loop(conn: MCPConnection) -> None:
         [block] = await conn.aread_resource("fleetenv://a/items/1")
         return len(listed), len(templates), block.text
 
-    assert runtime.call(everything, timeout=30) == (3, 1, "item 1 of a")
+    assert runtime.current().call(everything, timeout=30) == (3, 1, "item 1 of a")
 
 
 def test_a_server_without_resources_lists_none(mcp_paginated_server: RunningMCPServer) -> None:

@@ -27,7 +27,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fleetenv.runtime import loop as runtime
+from fleetenv import runtime
 
 T = TypeVar("T")
 
@@ -92,7 +92,7 @@ def _run_here(op: Blocking | OnLoop) -> Any:
     """One operation, from the calling thread (which must not be the loop thread)."""
     if isinstance(op, Blocking):
         return op.fn(*op.args)
-    return runtime.call(op.fn, *op.args, timeout=op.timeout)
+    return runtime.current().call(op.fn, *op.args, timeout=op.timeout)
 
 
 async def run_async(plan: Plan[T]) -> T:
@@ -114,7 +114,7 @@ async def run_async(plan: Plan[T]) -> T:
                 value = await runtime.await_future(
                     pool.submit(contextvars.copy_context().run, op.fn, *op.args))
             else:
-                value = await runtime.call_async(op.fn, *op.args, timeout=op.timeout)
+                value = await runtime.current().call_async(op.fn, *op.args, timeout=op.timeout)
         except Exception as exc:
             error = exc
         except BaseException as exc:  # cancelled: the plan's cleanup goes on elsewhere

@@ -35,8 +35,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fleetenv import runtime
 from fleetenv.env.driver import run_sync
-from fleetenv.runtime import loop as runtime
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.env.instance import InstanceLease
@@ -97,7 +97,8 @@ def _collected(task_key: str, lease: InstanceLease, toolbox: Toolbox, session: S
         "fleetenv is deleting it now. Call env.close(), or use `with FleetEnv(...) as "
         "env:`, to release it yourself"), stacklevel=2)
     job = functools.partial(_clean_up, task_key, lease, toolbox, session, owns_session)
-    runtime.call_soon(functools.partial(_start_cleanup, job))  # only enqueues, never blocks
+    # only enqueues, never blocks
+    runtime.current().call_soon(functools.partial(_start_cleanup, job))
 
 
 def _clean_up(task_key: str, lease: InstanceLease, toolbox: Toolbox, session: Session,

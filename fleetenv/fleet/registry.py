@@ -231,7 +231,7 @@ def install_exit_hooks() -> None:
         if _hooks_installed:
             return
         _hooks_installed = True
-    from fleetenv.runtime.loop import add_shutdown_hook
+    from fleetenv.runtime import add_shutdown_hook
 
     add_shutdown_hook(delete_everywhere)
     install_signal_handlers()  # in case the first instance is made on the main thread
@@ -294,9 +294,9 @@ def _start_signal_cleanup(signum: int) -> None:
 def _signal_cleanup(name: str) -> None:
     logger.warning("%s: deleting every live fleetenv instance", name)
     try:
-        from fleetenv.runtime.loop import cancel_running
+        from fleetenv import runtime
 
-        cancel_running()  # hung tool calls must not hold up the exit
+        runtime.current().cancel_running()  # hung tool calls must not hold up the exit
     except Exception as exc:
         logger.warning("could not cancel fleetenv's work in flight: %s", exc)
     _delete_all_registries()

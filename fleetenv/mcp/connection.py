@@ -50,7 +50,7 @@ from fleetenv.mcp.notifications import NotificationCallback
 from fleetenv.mcp.resources import Resource, ResourceTemplate
 from fleetenv.mcp.results import ResourceBlock, ToolResult
 from fleetenv.mcp.tools import Tool
-from fleetenv.runtime.loop import on_fleetenv_loop
+from fleetenv.runtime import on_fleetenv_loop
 
 if TYPE_CHECKING:
     import anyio
@@ -193,13 +193,14 @@ class MCPConnection:
 
     def open(self) -> MCPConnection:
         """Open the session now (otherwise the first operation opens it)."""
-        runtime.call(self.aopen, timeout=self._watchdog_s(opens=1), name=f"open {self.url}")
+        runtime.current().call(self.aopen, timeout=self._watchdog_s(opens=1),
+                               name=f"open {self.url}")
         return self
 
     def list_tools(self, *, refresh: bool = False) -> list[Tool]:
         """The endpoint's tools (all pages). Cached from the open; ``refresh`` asks again."""
         n = self.list_attempts
-        return runtime.call(
+        return runtime.current().call(
             functools.partial(self.alist_tools, refresh=refresh),
             timeout=self._watchdog_s(opens=n, calls=n, pauses=n - 1),
             name=f"list tools at {self.url}",
@@ -215,7 +216,7 @@ class MCPConnection:
     ) -> ToolResult:
         """Call a tool and wait for its result (see the module docstring for failures)."""
         # a lost session is replaced first (setup) and a 404'd call is sent twice
-        return runtime.call(
+        return runtime.current().call(
             functools.partial(self.acall_tool, name, arguments, timeout_s=timeout_s, meta=meta),
             timeout=self._watchdog_s(opens=2, calls=2, call_s=timeout_s),
             name=f"call {name} at {self.url}",
@@ -230,20 +231,21 @@ class MCPConnection:
         meta: Mapping[str, Any] | None = None,
     ) -> concurrent.futures.Future[ToolResult]:
         """Start a call and return its future at once; ``future.cancel()`` cancels the call."""
-        return runtime.submit(
+        return runtime.current().submit(
             functools.partial(self.acall_tool, name, arguments, timeout_s=timeout_s, meta=meta),
             name=f"call {name} at {self.url}",
         )
 
     def list_resources(self) -> list[Resource]:
         """The endpoint's resources (all pages; ``[]`` if it serves none)."""
-        return runtime.call(self.alist_resources, timeout=self._read_only_watchdog_s(),
+        return runtime.current().call(self.alist_resources, timeout=self._read_only_watchdog_s(),
                             name=f"list resources at {self.url}")
 
     def list_resource_templates(self) -> list[ResourceTemplate]:
         """The endpoint's resource templates (all pages; ``[]`` if it serves none)."""
-        return runtime.call(self.alist_resource_templates, timeout=self._read_only_watchdog_s(),
-                            name=f"list resource templates at {self.url}")
+        return runtime.current().call(self.alist_resource_templates,
+                                      timeout=self._read_only_watchdog_s(),
+                                      name=f"list resource templates at {self.url}")
 
     def read_resource(self, uri: str) -> tuple[ResourceBlock, ...]:
         """The contents of resource ``uri`` (one `ResourceBlock` per item the server sent).
@@ -251,7 +253,7 @@ class MCPConnection:
         Raises `fleetenv.mcp.resources.ResourceError` when the server answers with an
         error (e.g. no such resource), `DeadlineExceeded` after ``call_timeout_s``.
         """
-        return runtime.call(functools.partial(self.aread_resource, uri),
+        return runtime.current().call(functools.partial(self.aread_resource, uri),
                             timeout=self._read_only_watchdog_s(),
                             name=f"read {uri} at {self.url}")
 
@@ -263,10 +265,11 @@ class MCPConnection:
         if self._closed or self._live is None:
             self._closed = True
             return
-        if self._generation != runtime.generation():
+        if self._generation != runtime.current().generation:
             self._closed = True
             return
-        runtime.call(self.aclose, timeout=self.close_timeout_s + _BACKSTOP_S, name="close")
+        runtime.current().call(self.aclose, timeout=self.close_timeout_s + _BACKSTOP_S,
+                               name="close")
 
     def __enter__(self) -> MCPConnection:
         return self
@@ -359,7 +362,7 @@ class MCPConnection:
         self._closed = True
         _open.discard(self)
         live, self._live = self._live, None
-        if live is None or self._generation != runtime.generation():
+        if live is None or self._generation != runtime.current().generation:
             return
         live.stop.set()
         with anyio.move_on_after(self.close_timeout_s + 1.0):
@@ -393,7 +396,7 @@ class MCPConnection:
 
     def _check_usable(self) -> None:
         if self._generation is not None:
-            runtime.check_generation(self._generation, f"MCP connection to {self.url}")
+            runtime.current().check_generation(self._generation, f"MCP connection to {self.url}")
         if self._closed:
             raise FleetEnvError(
                 "this MCP connection is closed",
@@ -428,7 +431,7 @@ class MCPConnection:
                 live.stop.set()
                 self._check_usable()
             if self._generation is None:
-                self._generation = runtime.generation()
+                self._generation = runtime.current().generation
             self._live = live
             self._tools = [Tool.from_mcp(tool, self.url) for tool in live.raw_tools]
             _open.add(self)
@@ -457,7 +460,7 @@ class MCPConnection:
                 self._check_usable()
                 timeout_s = deadline.cap(self.connect_timeout_s)
                 cut_short = timeout_s < self.connect_timeout_s
-                live: _Live = await runtime.start_service(
+                live: _Live = await runtime.current().start_service(
                     self._own, timeout_s, name=f"mcp-session {self.url}"
                 )
             return live
@@ -676,8 +679,8 @@ def _import_dependencies() -> None:
 
 
 async def _load_dependencies() -> None:
-    """Import mcp, httpx2 and what mcp imports lazily (about half a second of CPU) in a
-    short-lived thread: an import on the loop thread would stall every other session.
+    """Import mcp, httpx2 and what mcp imports lazily (about half a second of CPU) on
+    the runtime's pool: an import on the loop thread would stall every other session.
     Concurrent first connections share that one import."""
     import asyncio
 
@@ -685,8 +688,7 @@ async def _load_dependencies() -> None:
     if _dependencies_loaded:
         return
     if _loading is None or _loading.get_loop() is not asyncio.get_running_loop():
-        _loading = asyncio.ensure_future(
-            runtime.in_short_thread(_import_dependencies, name="fleetenv-import"))
+        _loading = asyncio.ensure_future(runtime.current().run_blocking(_import_dependencies))
     await asyncio.shield(_loading)
 
 
@@ -713,10 +715,10 @@ async def _list_all(session: ClientSession) -> list[Any]:
 
 def _close_all_at_shutdown() -> None:
     """Shutdown hook: close every open session of this runtime (and with it its pool)."""
-    current = runtime.generation()
+    current = runtime.current().generation
     if not any(c._generation == current for c in list(_open)):
         return  # nothing of this process to close; do not start a loop just for that
-    runtime.call(_aclose_all, timeout=_BACKSTOP_S * 2, name="close MCP sessions")
+    runtime.current().call(_aclose_all, timeout=_BACKSTOP_S * 2, name="close MCP sessions")
 
 
 async def _aclose_all() -> None:

@@ -29,7 +29,7 @@ from fleetenv.mcp.notifications import NotificationCallback
 from fleetenv.mcp.resources import Resource, ResourceError, ResourceTemplate
 from fleetenv.mcp.results import ResourceBlock, ToolResult
 from fleetenv.mcp.tools import Tool
-from fleetenv.runtime.loop import on_fleetenv_loop
+from fleetenv.runtime import on_fleetenv_loop
 
 if TYPE_CHECKING:
     import anyio
@@ -186,7 +186,7 @@ class ToolRouter:
         """Open every endpoint and build the routing table."""
         setup_s = self._setup_budget_s()
         bound = None if setup_s is None else setup_s * 3 + self.call_timeout_s + _BACKSTOP_S
-        runtime.call(self.aopen, timeout=bound, name="open tool router")
+        runtime.current().call(self.aopen, timeout=bound, name="open tool router")
         return self
 
     def list_tools(self) -> list[Tool]:
@@ -207,7 +207,7 @@ class ToolRouter:
         per_call = self.call_timeout_s if timeout_s is None else timeout_s
         setup_s = self._setup_budget_s()
         bound = None if setup_s is None else setup_s * 5 + per_call * 2 + _BACKSTOP_S
-        return runtime.call(
+        return runtime.current().call(
             functools.partial(self.acall, name, arguments, timeout_s=timeout_s, meta=meta),
             timeout=bound,
             name=f"call {name}",
@@ -223,7 +223,7 @@ class ToolRouter:
     ) -> concurrent.futures.Future[ToolResult]:
         """Start a call and return its future at once."""
         arguments = require_object(name, arguments)  # ToolArgumentsError, in the caller
-        return runtime.submit(
+        return runtime.current().submit(
             functools.partial(self.acall, name, arguments, timeout_s=timeout_s, meta=meta),
             name=f"call {name}",
         )
@@ -231,23 +231,25 @@ class ToolRouter:
     def refresh_tools(self, *, force: bool = False) -> list[Tool]:
         """List again the endpoints whose tools changed (every endpoint if ``force``) and
         route the new lists; returns `tools`."""
-        return runtime.call(functools.partial(self.arefresh_tools, force=force),
+        return runtime.current().call(functools.partial(self.arefresh_tools, force=force),
                             timeout=self._read_only_bound_s(), name="refresh tools")
 
     def list_resources(self) -> list[Resource]:
         """The resources of every endpoint, in endpoint order (each names its endpoint)."""
-        return runtime.call(self.alist_resources, timeout=self._read_only_bound_s(),
+        return runtime.current().call(self.alist_resources, timeout=self._read_only_bound_s(),
                             name="list resources")
 
     def list_resource_templates(self) -> list[ResourceTemplate]:
         """The resource templates of every endpoint, in endpoint order."""
-        return runtime.call(self.alist_resource_templates, timeout=self._read_only_bound_s(),
-                            name="list resource templates")
+        return runtime.current().call(self.alist_resource_templates,
+                                      timeout=self._read_only_bound_s(),
+                                      name="list resource templates")
 
     def read_resource(self, uri: str, *, endpoint: str | None = None) -> tuple[ResourceBlock, ...]:
         """Read ``uri`` from ``endpoint``, or else from the first endpoint that serves it."""
-        return runtime.call(functools.partial(self.aread_resource, uri, endpoint=endpoint),
-                            timeout=self._read_only_bound_s(), name=f"read {uri}")
+        return runtime.current().call(
+            functools.partial(self.aread_resource, uri, endpoint=endpoint),
+            timeout=self._read_only_bound_s(), name=f"read {uri}")
 
     def close(self) -> None:
         """Close every connection. Idempotent."""

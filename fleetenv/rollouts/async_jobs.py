@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from fleetenv import runtime
 from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.vocabulary import StopReason
@@ -31,7 +32,6 @@ from fleetenv.fleet.session import Session
 from fleetenv.rollouts.async_rollout import run_episode_async
 from fleetenv.rollouts.jobs import RolloutJob, blame_cancellation, failed_result
 from fleetenv.rollouts.rollout import CancelToken, RolloutResult
-from fleetenv.runtime import loop as runtime
 
 __all__ = ["LoopEpisodes"]
 
@@ -67,7 +67,7 @@ class LoopEpisodes:
     def start(self, job: RolloutJob) -> Future[RolloutResult]:
         """Schedule ``job`` on the loop; see the module docstring for the future's states."""
         outcome: Future[RolloutResult] = Future()
-        task = runtime.submit(self._run, job, outcome,
+        task = runtime.current().submit(self._run, job, outcome,
                               name=f"fleetenv-rollout {job.task.key}#{job.sample}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -75,9 +75,9 @@ class LoopEpisodes:
 
     def _running_gate(self) -> asyncio.Semaphore:
         """Created on the loop, once per runtime (a new loop after shutdown or fork)."""
-        if self._gate is None or self._gate_generation != runtime.generation():
+        if self._gate is None or self._gate_generation != runtime.current().generation:
             self._gate = asyncio.Semaphore(self.running_places)
-            self._gate_generation = runtime.generation()
+            self._gate_generation = runtime.current().generation
         return self._gate
 
     async def _run(self, job: RolloutJob, outcome: Future[RolloutResult]) -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from fleetenv import runtime
 from fleetenv.core.config import FleetConfig
 from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
@@ -45,7 +46,6 @@ from fleetenv.rollouts.policy import (
     to_reply,
 )
 from fleetenv.rollouts.rollout import CancelToken, Episode, RolloutResult
-from fleetenv.runtime import loop as runtime
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.session import Session

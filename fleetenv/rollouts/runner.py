@@ -129,7 +129,7 @@ from fleetenv.rollouts.policy import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
 from fleetenv.rollouts.rollout import CancelToken, RolloutResult
 from fleetenv.rollouts.runner_async import in_thread, iterate_async, take_slot_async
-from fleetenv.runtime.loop import await_future
+from fleetenv.runtime import await_future
 
 __all__ = ["MODES", "PolicyLike", "Runner"]
 

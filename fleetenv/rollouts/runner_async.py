@@ -3,7 +3,7 @@
 An async trainer (asyncio or trio) awaits ``Runner.submit_async`` / ``run_async``; its
 loop stays free while rollouts run, and no thread is parked per call: waiting for a free
 slot or the next result is a done-callback on the rollouts' futures that wakes the
-caller's loop (:func:`fleetenv.runtime.loop.await_future`). Only ``close_async`` /
+caller's loop (:func:`fleetenv.runtime.await_future`). Only ``close_async`` /
 ``cancel_async`` (once per runner, and made of blocking control-plane calls) run in a
 one-off thread.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
-from fleetenv.runtime import loop as runtime
+from fleetenv import runtime
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.rollouts.jobs import RolloutJob

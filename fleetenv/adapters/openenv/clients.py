@@ -289,4 +289,4 @@ def _blocking(fn: Callable[..., T], *args: Any) -> Plan[T]:
 async def _on_loop(fn: Callable[[], Awaitable[T]]) -> T:
     """Await ``fn()`` on fleetenv's loop thread (where the MCP sessions live) from any
     event loop; cancelling the caller cancels the loop-side task."""
-    return await runtime.call_async(fn)
+    return await runtime.current().call_async(fn)
