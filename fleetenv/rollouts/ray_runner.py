@@ -79,6 +79,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from fleetenv import runtime
 from fleetenv.core.config import FleetConfig
 from fleetenv.core.errors import (
     ConfigurationError,
@@ -195,7 +196,7 @@ class RayRunner:
         self._cancelled = False
         self._closed = False
         self._progress = Progress(enabled=progress)
-        self._sweepers: list[threading.Thread] = []
+        self._sweepers: list[Future[list[str]]] = []
         self._tags: list[str] = []
         self._workers: list[_Worker] = []
         self._next_index = 0
@@ -305,11 +306,9 @@ class RayRunner:
         logger.warning("Ray worker %d died; deleting the instances tagged %s",
                        worker.index, worker.tag)
         # Not on Ray's callback thread: a sweep is HTTP requests.
-        sweeper = threading.Thread(target=self._sweep, args=([worker.tag],),
-                                   name=f"fleetenv-ray-sweep-{worker.index}")
+        sweeper = runtime.current().submit_blocking(self._sweep, [worker.tag])
         with self._lock:
             self._sweepers.append(sweeper)
-        sweeper.start()
 
     # ------------------------------------------------------------------ submitting
 
@@ -610,8 +609,7 @@ class RayRunner:
         self._control([a.shutdown.remote() for a in alive], "shutdown")
         for worker in workers:
             self._ray.kill(worker.actor)
-        for sweeper in sweepers:
-            sweeper.join(timeout=_CONTROL_TIMEOUT_S)
+        concurrent.futures.wait(sweepers, timeout=_CONTROL_TIMEOUT_S)
         # Every episode is over: anything still tagged is a leftover (an uncertain
         # create, a worker killed while creating).
         self._sweep(self.run_tags)
