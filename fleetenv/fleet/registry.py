@@ -125,8 +125,9 @@ class InstanceRegistry:
             self.discard(item.instance_id)
             return True
 
-        # Plain threads, not a ThreadPoolExecutor: at interpreter exit concurrent.futures
-        # refuses new work ("cannot schedule new futures after interpreter shutdown").
+        # Threads of their own, not the runtime's pool: this runs at interpreter exit,
+        # when concurrent.futures has joined its pools and refuses new work, and after a
+        # signal, while the runtime may be shutting down. They end with their deletes.
         results: list[bool] = []
         queue = list(pending)
         queue_lock = threading.Lock()
@@ -285,6 +286,8 @@ def _start_signal_cleanup(signum: int) -> None:
     if _terminating and _cleanup_pid == pid:
         return  # a second signal: the cleanup is already running
     _terminating, _cleanup_pid = True, pid
+    # A thread of its own, not the runtime's pool: the handler may have interrupted the
+    # pool's own locks, and the runtime may be shutting down (see delete_all).
     thread = threading.Thread(target=_signal_cleanup, args=(signal.Signals(signum).name,),
                               name="fleetenv-signal-cleanup", daemon=True)
     _cleanup_thread = thread

@@ -173,13 +173,15 @@ def wrong_reward(plan: Plan, result: RolloutResult) -> str | None:
 
 
 def stray_threads(before: set[threading.Thread]) -> list[str]:
-    """Threads alive now that were not before the run, besides the event-loop thread.
+    """Threads alive now that were not before the run, besides the runtime's (its loop,
+    the idle threads of its bounded pool).
 
     In a fresh ``python tests/chaos/run.py`` process ``before`` is just the main thread;
     under pytest it also holds the threads of other tests' fixtures.
     """
     return sorted(t.name for t in threading.enumerate()
-                  if t.is_alive() and t not in before and t.name != "fleetenv-loop")
+                  if t.is_alive() and t not in before and t.name != "fleetenv-loop"
+                  and not t.name.startswith("fleetenv-io_"))
 
 
 def settle(check: Callable[[], list[str]], seconds: float = 10.0) -> list[str]:
