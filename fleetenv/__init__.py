@@ -19,6 +19,7 @@ _LAZY: dict[str, str] = {
     # sessions and settings
     "Session": "fleetenv.fleet.session",
     "FleetConfig": "fleetenv.core.config",
+    "Timeouts": "fleetenv.core.config",
     "resolve_config": "fleetenv.core.config",
     # tasks
     "Task": "fleetenv.core.tasks",
@@ -64,7 +65,7 @@ _LAZY: dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetenv.core.config import FleetConfig, resolve_config
+    from fleetenv.core.config import FleetConfig, Timeouts, resolve_config
     from fleetenv.core.event_bus import EventBus
     from fleetenv.core.event_sinks import JsonlSink
     from fleetenv.core.task_files import load_tasks
@@ -133,6 +134,7 @@ __all__ = [
     "Session",
     "StopReason",
     "Task",
+    "Timeouts",
     "Tool",
     "ToolCall",
     "ToolResult",

@@ -107,8 +107,8 @@ __all__ = ["FleetEnv", "StepResult"]
 StepResult = tuple[Observation, "float | None", bool, bool, dict[str, Any]]
 """``(observation, reward, terminated, truncated, info)``, as in Gymnasium."""
 
-#: How much longer than ``verifier_timeout_s`` ``close()``/``reset()`` wait for a grade
-#: in flight (the verification itself is bounded by ``verifier_timeout_s``).
+#: How much longer than ``timeouts.verify`` ``close()``/``reset()`` wait for a grade
+#: in flight (the verification itself is bounded by ``timeouts.verify``).
 _GRADE_WAIT_SLACK_S = 10.0
 
 
@@ -346,7 +346,7 @@ class FleetEnv:
         ``reason`` is the stop reason recorded for an episode that had not ended
         (default ``"abandoned"`` when graded, ``"interrupted"`` when not). A grade still
         being computed (the last step timed out under the verifier) is waited for, at
-        most ``verifier_timeout_s`` + 10 s, then recorded as unknown
+        most ``timeouts.verify`` + 10 s, then recorded as unknown
         (``grading_timeout``). ``conversation`` sets :attr:`conversation` for an episode
         not graded yet.
         """
@@ -594,7 +594,7 @@ class FleetEnv:
             return self._tool_error(call, exc.message, info)
         if self._toolbox.is_local(name):
             return self._local_tool(call, arguments, info)
-        timeout_s = state.deadline.cap(self.config.tool_timeout_s)
+        timeout_s = state.deadline.cap(self.config.timeouts.call)
         if timeout_s <= 0:
             state.stop(StopReason.TIME_LIMIT)
             self._call_finished(name, "failed", 0.0, DeadlineExceeded("not sent"),
@@ -726,7 +726,7 @@ class FleetEnv:
         grade, _settled = grade_once(
             self.session, self.task, self._lease.instance, state, self._lease.is_gone,
             partial_reward=self.partial_reward,
-            wait_s=self.config.verifier_timeout_s + _GRADE_WAIT_SLACK_S,
+            wait_s=self.config.timeouts.verify + _GRADE_WAIT_SLACK_S,
             on_settled=lambda settled: self._on_graded(settled, state, reason))
         return grade
 

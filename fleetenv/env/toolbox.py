@@ -119,13 +119,13 @@ class Toolbox:
         router = ToolRouter(
             endpoints if endpoints is not None else
             endpoints_for(root_url, self.task.modality, browser_url, headers=headers),
-            connect_timeout_s=self.config.connect_timeout_s,
-            call_timeout_s=self.config.tool_timeout_s,
+            connect_timeout_s=self.config.timeouts.connect,
+            call_timeout_s=self.config.timeouts.call,
             retry=retry,
             on_notification=self.notifications.append,
         )
         open_s = (retry.budget_s if retry is not None and retry.budget_s is not None
-                  else self.config.connect_timeout_s * 3)
+                  else self.config.timeouts.connect * 3)
         if retry is not None and retry.queue_budget_s is not None:
             open_s += retry.queue_budget_s  # waiting for handshake slots is bounded apart
         self.router = router  # before opening: close must find it if we are cancelled
@@ -141,7 +141,7 @@ class Toolbox:
             # The open already failed: that error is the one to report, not the close's.
             with contextlib.suppress(FleetEnvError):
                 yield OnLoop(router.aclose,
-                             timeout=watchdog(self.config.connect_timeout_s))
+                             timeout=watchdog(self.config.timeouts.connect))
             raise
 
     def _offer(self, tools: list[Tool], instance_id: str | None) -> None:
@@ -181,7 +181,7 @@ class Toolbox:
             return False
         version = router.tools_version  # a change after this is seen next time
         tools: list[Tool] = yield OnLoop(
-            router.arefresh_tools, timeout=watchdog(self.config.tool_timeout_s))
+            router.arefresh_tools, timeout=watchdog(self.config.timeouts.call))
         self._offer(tools, instance_id)
         self._tools_version = version
         return True
@@ -193,8 +193,8 @@ class Toolbox:
         try:
             result: ToolResult = yield OnLoop(
                 functools.partial(router.acall, COMPUTER_TOOL, {"action": "screenshot"},
-                                  timeout_s=self.config.tool_timeout_s),
-                timeout=watchdog(self.config.tool_timeout_s))
+                                  timeout_s=self.config.timeouts.call),
+                timeout=watchdog(self.config.timeouts.call))
         except FleetEnvError as exc:
             return [{"type": "text", "text": f"(initial screenshot failed: {exc})"}], str(exc)
         return result.to_openai_content(self.max_text_chars), result.error_message
@@ -258,7 +258,7 @@ class Toolbox:
         router, self.router = self.router, None
         self.instance_id = None
         if router is not None:
-            yield OnLoop(router.aclose, timeout=watchdog(self.config.connect_timeout_s))
+            yield OnLoop(router.aclose, timeout=watchdog(self.config.timeouts.connect))
 
     def _require_router(self) -> ToolRouter:
         if self.router is None:

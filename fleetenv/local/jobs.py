@@ -374,7 +374,7 @@ def _episode_runner(base_url: str, token: str, task: dict[str, Any], model: str,
             fields["modality"] = modality
         policy = ScriptedPolicy.reference() if model == "reference" else ScriptedPolicy([])
         with Session(api_key=token, base_url=base_url,
-                     provision_budget_s=HARNESS_PROVISION_BUDGET_S) as session:
+                     timeouts={"provision": HARNESS_PROVISION_BUDGET_S}) as session:
             result = run_episode(Task(**fields), policy, session=session,
                                  max_steps=max_steps, cancel=cancel)
         if result.error is not None:

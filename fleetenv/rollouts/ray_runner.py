@@ -629,7 +629,7 @@ class RayRunner:
     def _longest_episode_s(self) -> float:
         config = self.config
         longest = max(config.episode_deadline_for(m) for m in Modality)
-        return config.provision_budget_s + longest + config.verifier_timeout_s
+        return config.timeouts.provision + longest + config.timeouts.verify
 
     def __enter__(self) -> RayRunner:
         return self

@@ -204,11 +204,13 @@ def run_chaos(episodes: int, workers: int, fault_rate: float, seed: int,
     with LocalFleet(in_process=False, verifier_timeout=VERIFIER_TIMEOUT_S,
                     verifier_workers=2) as fleet:
         config = fleetenv.resolve_config(
-            api_key=fleet.token, base_url=fleet.base_url, tool_timeout_s=TOOL_TIMEOUT_S,
-            episode_deadline_s=EPISODE_DEADLINE_S, provision_budget_s=PROVISION_BUDGET_S,
-            # The client's verifier budget covers the server's own limit plus queueing for
-            # the 2 verifier workers; a verifier that hangs is cut by the server at 3 s.
-            retry_base_s=0.2, retry_cap_s=2.0, verifier_timeout_s=VERIFIER_TIMEOUT_S + 30.0)
+            api_key=fleet.token, base_url=fleet.base_url, retry_base_s=0.2, retry_cap_s=2.0,
+            timeouts={"call": TOOL_TIMEOUT_S, "episode": EPISODE_DEADLINE_S,
+                      "provision": PROVISION_BUDGET_S,
+                      # The client's verifier budget covers the server's own limit plus
+                      # queueing for the 2 verifier workers; a verifier that hangs is cut
+                      # by the server at 3 s.
+                      "verify": VERIFIER_TIMEOUT_S + 30.0})
         results: dict[int, RolloutResult] = {}
         with Runner(workers=workers, config=config, events=bus, progress=False) as runner:
             futures = {}
