@@ -7,8 +7,9 @@ episode logic is a generator that *yields* the I/O it needs, as one of two opera
 - :class:`Blocking`: a blocking call (fleet-python, ``requests``). The sync driver runs
   it in the caller's thread; the async driver runs it on the runtime's pool, so the
   caller's event loop never blocks.
-- :class:`OnLoop`: a coroutine function for fleetenv's loop thread (MCP). The sync
-  driver blocks on it with a timeout; the async driver awaits it without a thread.
+- :class:`OnLoop`: a coroutine function for fleetenv's loop thread (MCP), which
+  enforces its own deadline there. The sync driver blocks on it; the async driver
+  awaits it without a thread.
 
 Exceptions raised by an operation are thrown back into the generator at the ``yield``,
 so the logic reads as ordinary ``try``/``except`` code. Ctrl-C and task cancellation
@@ -42,7 +43,6 @@ class Blocking:
 class OnLoop:
     fn: Callable[..., Awaitable[Any]]
     args: tuple[Any, ...] = ()
-    timeout: float | None = None
 
 
 Plan = Generator["Blocking | OnLoop", Any, T]
@@ -72,7 +72,7 @@ def _run_here(op: Blocking | OnLoop) -> Any:
     """One operation, from the calling thread (which must not be the loop thread)."""
     if isinstance(op, Blocking):
         return op.fn(*op.args)
-    return runtime.current().call(op.fn, *op.args, timeout=op.timeout)
+    return runtime.current().call(op.fn, *op.args)
 
 
 async def run_async(plan: Plan[T]) -> T:
@@ -92,7 +92,7 @@ async def run_async(plan: Plan[T]) -> T:
                 # whose calls these are (`fleetenv.fleet.deadlines.calls_owner`).
                 value = await runtime.current().run_blocking(op.fn, *op.args)
             else:
-                value = await runtime.current().call_async(op.fn, *op.args, timeout=op.timeout)
+                value = await runtime.current().call_async(op.fn, *op.args)
         except Exception as exc:
             error = exc
         except BaseException as exc:  # cancelled: the plan's cleanup goes on elsewhere
@@ -108,7 +108,7 @@ def _unwind_later(plan: Plan[Any], interruption: BaseException) -> None:
     ``finally`` blocks (closing MCP sessions, deleting the instance) then never ran, and
     when the generator was collected Python reported "generator ignored GeneratorExit".
     Here the interruption is thrown into the plan, as it would be into ordinary code,
-    and the operations its cleanup yields still run, each with its own timeout.
+    and the operations its cleanup yields still run, each with its own deadline.
     """
     # Shutting down (the pool refuses work): the exit hooks delete.
     with contextlib.suppress(RuntimeError, FleetEnvError):

@@ -269,7 +269,7 @@ class Evaluator:
                 raise self._deadline_error(job_id, task_key, status)
             pause = deadline.cap(backoff.delay(polls))
             polls += 1
-            yield OnLoop(_sleep, (pause,), timeout=pause + 30.0)
+            yield OnLoop(_sleep, (pause,))
         if status in _FAILED_STATUSES:
             reason = job.get("error") or "Fleet gave no reason"
             raise EvaluationFailed(f"evaluation job {job_id} ended {status}: {reason}",
@@ -306,7 +306,7 @@ class Evaluator:
                 if delay is None:
                     raise
                 logger.info("%s failed (%s); retrying in %.1f s", what, exc, delay)
-            yield OnLoop(_sleep, (delay,), timeout=delay + 30.0)
+            yield OnLoop(_sleep, (delay,))
 
     def _request(self, what: str, deadline: Deadline, fn: Callable[..., T],
                  args: tuple[Any, ...], context: dict[str, Any]) -> T:
