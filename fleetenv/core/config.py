@@ -93,7 +93,8 @@ class Timeouts(BaseModel):
     at opening an MCP session (handshake and first tool listing); opening an episode's
     sessions may take three of them, retries included.
     ``read`` (60 s): one read-only request: the manager API's describe / query, listing an
-    MCP endpoint's tools or resources, a control-plane request made outside any operation.
+    MCP endpoint's tools or resources, one request of an evaluation job, a control-plane
+    request made outside any operation.
     ``call`` (60 s): one MCP tool call, from send to result.
     ``reset`` (10 s): the manager API's ``/reset`` (restoring the seed state); short, since
     some images hang on it and a fresh instance is the better answer then.

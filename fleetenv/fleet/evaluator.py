@@ -71,8 +71,6 @@ TERMINAL_STATUSES = frozenset({"completed", "cancelled", "canceled", "errored", 
 _FAILED_STATUSES = TERMINAL_STATUSES - {"completed"}
 _MODES = {"tool_use": "tool-use", "computer_use": "computer-use",
           "browser_use": "browser-use"}
-#: Bound of one HTTP request (inside the evaluation's own deadline).
-REQUEST_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -315,8 +313,9 @@ class Evaluator:
         if deadline.expired():
             raise DeadlineExceeded(f"{what}: the evaluation's {self.timeout_s:g} s ran out",
                                    **context)
-        with deadline_scope(deadline.cap(REQUEST_TIMEOUT_S), what=what, retryable=True,
-                            **context):
+        # One request's bound is the session's read timeout, within the evaluation's.
+        with deadline_scope(deadline.cap(self.session.config.timeouts.read), what=what,
+                            retryable=True, **context):
             try:
                 return fn(*args)
             except FleetEnvError:

@@ -54,6 +54,9 @@ _ssl_context: ssl.SSLContext | None = None
 _ssl_generation = -1
 _ssl_building: tuple[int, asyncio.Future[ssl.SSLContext]] | None = None
 
+# The transport's own bounds, for its background work that no operation waits for any
+# more (a request body still being written, a reply nobody reads): every request a
+# caller waits for is bounded by its operation's deadline, on the loop.
 _WRITE_TIMEOUT_S = 30.0
 _POOL_TIMEOUT_S = 30.0
 _KEEPALIVE_PER_CONNECTION = 8
