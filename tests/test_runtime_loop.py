@@ -142,6 +142,38 @@ def test_call_async_timeout_and_cancellation() -> None:
     wait_for(lambda: "awaited-sleep" not in names(), what="the sleep to end")
 
 
+def test_blocking_work_runs_on_one_bounded_pool_awaited_from_any_loop() -> None:
+    def where(value: int) -> tuple[str, int]:
+        return threading.current_thread().name, value
+
+    async def awaited() -> tuple[str, int]:
+        return await runtime.current().run_blocking(where, 2)
+
+    name, _ = runtime.current().submit_blocking(where, 1).result(timeout=10)
+    assert name.startswith(runtime.POOL_THREAD_PREFIX)
+    for outcome in (asyncio.run(awaited()), anyio.run(awaited, backend="trio"),
+                    runtime.current().call(awaited)):  # the fleetenv loop's own
+        assert outcome[0].startswith(runtime.POOL_THREAD_PREFIX) and outcome[1] == 2
+    release = threading.Event()
+    jobs = [runtime.current().submit_blocking(lambda: (release.wait(10), where(0))[1])
+            for _ in range(runtime.MAX_POOL_THREADS + 8)]
+    release.set()
+    names = {job.result(timeout=20)[0] for job in jobs}
+    assert len(names) <= runtime.MAX_POOL_THREADS  # the rest queued for a thread
+
+
+def test_timers_fire_on_the_loop_and_cancel_from_any_thread() -> None:
+    fired: list[str] = []
+    start = time.monotonic()
+    runtime.current().call_at(start + 0.05, lambda: fired.append(threading.current_thread().name))
+    cancel = runtime.current().call_at(start + 0.1, lambda: fired.append("cancelled"))
+    cancel()
+    runtime.current().call_at(start + 0.3, lambda: fired.append("last"))
+    wait_for(lambda: "last" in fired, what="the last timer")
+    assert fired == [runtime.LOOP_THREAD_NAME, "last"]
+    assert time.monotonic() - start >= 0.3
+
+
 def test_start_service_contains_late_failures(caplog: pytest.LogCaptureFixture) -> None:
     # Containment is about the service group: `call` would work even if a late failure
     # tore the group down, so the test watches a sibling service and the group itself.

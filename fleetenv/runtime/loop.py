@@ -254,7 +254,10 @@ class Runtime:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nothing will fire
                 aio.call_soon_threadsafe(disarm)
 
-        aio.call_soon_threadsafe(arm)
+        try:
+            aio.call_soon_threadsafe(arm)
+        except RuntimeError as exc:  # the loop was closed under us (shutdown in progress)
+            raise FleetEnvError(f"the fleetenv loop is not running ({exc})") from None
         return cancel
 
     # ------------------------------------------------------------------ the pool
