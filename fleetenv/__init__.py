@@ -20,6 +20,7 @@ _LAZY: dict[str, str] = {
     # sessions and settings
     "Session": "fleetenv.fleet.session",
     "FleetConfig": "fleetenv.core.config",
+    "Timeouts": "fleetenv.core.config",
     "resolve_config": "fleetenv.core.config",
     # tasks
     "Task": "fleetenv.core.tasks",
@@ -73,7 +74,7 @@ _LAZY: dict[str, str] = {
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Sequence
 
-    from fleetenv.core.config import FleetConfig, resolve_config
+    from fleetenv.core.config import FleetConfig, Timeouts, resolve_config
     from fleetenv.core.event_bus import EventBus
     from fleetenv.core.event_sinks import JsonlSink
     from fleetenv.core.task_files import bundled_tasks_path, load_tasks
@@ -174,6 +175,7 @@ __all__ = [
     "StepResult",
     "StopReason",
     "Task",
+    "Timeouts",
     "Tool",
     "ToolCall",
     "ToolResult",

@@ -154,7 +154,8 @@ def test_the_originals_timeouts_are_session_settings(local_fleet: LocalFleet) ->
     env = drop_in(local_fleet, request_timeout_s=7, reset_timeout_s=3.5, max_steps=9,
                   ttl_seconds=900)
     assert (env.request_timeout_s, env.reset_timeout_s) == (7.0, 3.5)
-    assert env.env.config.tool_timeout_s == 7.0 and env.env.config.reset_timeout_s == 3.5
+    timeouts = env.env.config.timeouts
+    assert (timeouts.call, timeouts.read, timeouts.reset) == (7.0, 7.0, 3.5)
     assert (env.max_steps, env.ttl_seconds, env.partial_reward) == (9, 900, False)
     assert env.api_key == local_fleet.token and local_fleet.token not in repr(env)
     env.close()

@@ -104,7 +104,7 @@ def test_wrong_api_key(local_fleet: LocalFleet) -> None:
 
 def test_unreachable_base_url() -> None:
     config = fleetenv.resolve_config(api_key="k", base_url="http://127.0.0.1:9",
-                                     provision_budget_s=1.0, retry_base_s=0.1,
+                                     timeouts={"provision": 1.0}, retry_base_s=0.1,
                                      retry_cap_s=0.2)
     with FleetEnv(TASK, config=config) as env, pytest.raises(TransientProvisioningError) as info:
         env.reset()

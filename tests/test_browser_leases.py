@@ -129,7 +129,7 @@ def test_the_ui_state_resets_with_the_episode(local_fleet: LocalFleet, modality:
 def test_a_lease_that_never_shows_the_app_is_deleted_and_reset_fails(
         local_fleet: LocalFleet, local_faults: Any) -> None:
     local_faults.add("tool_error", tool="computer", message="browser crashed")
-    with _session(local_fleet, connect_timeout_s=1.0) as session:
+    with _session(local_fleet, timeouts={"connect": 1.0}) as session:
         env = fleetenv.FleetEnv(_ui_task(), session=session)
         with pytest.raises(ProvisioningError, match="browser crashed"):
             env.reset()

@@ -32,14 +32,15 @@ def test_defaults_without_key_mean_local_mode() -> None:
 
 def test_documented_defaults() -> None:
     config = resolve_config()
-    assert (config.tool_timeout_s, config.connect_timeout_s, config.reset_timeout_s) == (
-        60.0, 10.0, 10.0)
-    assert (config.provision_budget_s, config.max_steps, config.verifier_timeout_s) == (
-        600.0, 50, 120.0)
+    timeouts = config.timeouts
+    assert (timeouts.call, timeouts.connect, timeouts.reset, timeouts.read) == (
+        60.0, 10.0, 10.0, 60.0)
+    assert (timeouts.provision, config.max_steps, timeouts.verify, timeouts.delete) == (
+        600.0, 50, 120.0, 30.0)
     assert (config.max_creating_instances, config.max_live_instances) == (16, 64)
     assert (config.ttl_for("tool_use"), config.ttl_for("computer_use"),
             config.ttl_for("browser_use")) == (900, 1800, 1800)
-    assert config.episode_deadline_s is None
+    assert timeouts.episode is None
 
 
 def test_env_vars_are_used_when_no_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,9 +97,9 @@ def test_explicit_use_local_with_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_knobs_from_arguments() -> None:
-    config = resolve_config(tool_timeout_s=5, max_steps=7, episode_deadline_s=30,
+    config = resolve_config(timeouts={"call": 5, "episode": 30}, max_steps=7,
                             ttl_seconds={"tool_use": 120})
-    assert (config.tool_timeout_s, config.max_steps) == (5.0, 7)
+    assert (config.timeouts.call, config.max_steps) == (5.0, 7)
     assert config.ttl_for("tool_use") == 120
     assert config.ttl_for("computer_use") == 1800  # untouched modalities keep defaults
     assert config.episode_deadline_for("computer_use") == 30.0
@@ -125,11 +126,11 @@ def test_a_sessions_backoff_follows_base_and_cap() -> None:
 # --- validation -------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("settings", "field", "words"), [
-    ({"tool_timeout_s": 0}, "tool_timeout_s", "greater than 0"),
-    ({"connect_timeout_s": -1}, "connect_timeout_s", "greater than 0"),
-    ({"reset_timeout_s": float("nan")}, "reset_timeout_s", "finite"),
-    ({"provision_budget_s": "soon"}, "provision_budget_s", "number"),
-    ({"episode_deadline_s": float("inf")}, "episode_deadline_s", "finite"),
+    ({"timeouts": {"call": 0}}, "timeouts.call", "greater than 0"),
+    ({"timeouts": {"connect": -1}}, "timeouts.connect", "greater than 0"),
+    ({"timeouts": {"reset": float("nan")}}, "timeouts.reset", "finite"),
+    ({"timeouts": {"provision": "soon"}}, "timeouts.provision", "number"),
+    ({"timeouts": {"episode": float("inf")}}, "timeouts.episode", "finite"),
     ({"max_steps": 0}, "max_steps", "greater than or equal to 1"),
     ({"max_live_instances": 2.5}, "max_live_instances", "integer"),
     ({"ttl_seconds": {"tool_use": -5}}, "ttl_seconds.tool_use", "greater than 0"),
@@ -147,11 +148,29 @@ def test_bad_values_fail_with_field_and_hint(settings: dict[str, Any], field: st
 
 
 @pytest.mark.parametrize(("name", "suggestion"), [
-    ("tool_timout_s", "tool_timeout_s"), ("max_step", "max_steps")])
+    ("max_step", "max_steps"), ("max_live_instance", "max_live_instances")])
 def test_unknown_setting_suggests_the_closest(name: str, suggestion: str) -> None:
     with pytest.raises(ConfigurationError) as err:
         resolve_config(**{name: 1})
     assert err.value.hint == f"did you mean {suggestion!r}?"
+
+
+def test_a_setting_that_moved_into_timeouts_says_where() -> None:
+    with pytest.raises(ConfigurationError) as err:
+        resolve_config(tool_timeout_s=5)
+    assert err.value.hint == "it is timeouts={'call': ...} now"
+    with pytest.raises(ConfigurationError) as err:
+        resolve_config(timeouts={"cal": 5})
+    assert err.value.context["field"] == "timeouts.cal"
+    assert err.value.hint == "did you mean 'call'?"
+
+
+def test_timeouts_from_a_session_mapping() -> None:
+    from fleetenv import Session, Timeouts
+
+    with Session(timeouts={"call": 30}) as session:
+        assert session.config.timeouts == Timeouts(call=30)
+    assert resolve_config(timeouts=Timeouts(read=5)).timeouts.read == 5
 
 
 def test_unknown_ttl_modality() -> None:
@@ -173,10 +192,13 @@ def test_config_is_frozen() -> None:
 
 
 def test_replace_revalidates_and_keeps_the_rest() -> None:
-    config = resolve_config(api_key=SECRET, ttl_seconds={"tool_use": 100})
-    changed = config.replace(max_steps=3, ttl_seconds={"browser_use": 60})
+    config = resolve_config(api_key=SECRET, ttl_seconds={"tool_use": 100},
+                            timeouts={"call": 30})
+    changed = config.replace(max_steps=3, ttl_seconds={"browser_use": 60},
+                             timeouts={"verify": 300})
     assert changed.max_steps == 3
     assert (changed.ttl_for("tool_use"), changed.ttl_for("browser_use")) == (100, 60)
+    assert (changed.timeouts.call, changed.timeouts.verify) == (30, 300)
     assert changed.api_key == config.api_key
     with pytest.raises(ConfigurationError):
         config.replace(max_steps=-1)
@@ -202,7 +224,7 @@ def test_key_never_in_logs(caplog: pytest.LogCaptureFixture) -> None:
 
 
 @pytest.mark.parametrize("settings", [
-    {"tool_timeout_s": -1}, {"bogus": 1}, {"base_url": "nope"}, {"use_local": "maybe"}])
+    {"timeouts": {"call": -1}}, {"bogus": 1}, {"base_url": "nope"}, {"use_local": "maybe"}])
 def test_key_never_in_error_text_or_chained_errors(settings: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError) as err:
         resolve_config(api_key=SECRET, **settings)

@@ -182,7 +182,7 @@ HUNG_CALL_SCRIPT = """
     task = next(t for t in fleetenv.load_tasks(bundled_tasks_path())
                 if t.modality == "tool_use")
     session = fleetenv.Session(api_key=os.environ["T_KEY"], base_url=os.environ["T_URL"],
-                               run_tag=os.environ["T_TAG"], tool_timeout_s=300)
+                               run_tag=os.environ["T_TAG"], timeouts={"call": 300})
     env = fleetenv.FleetEnv(task, session=session)
     env.reset()
     call = task.reference_solution[0]
@@ -200,7 +200,7 @@ HUNG_CALL_SCRIPT = """
 
 def test_sigterm_does_not_wait_for_a_hung_tool_call_in_another_thread(
         local_fleet: LocalFleet, local_faults: Any) -> None:
-    # The tool call may hang for tool_timeout_s (300 s here): SIGTERM must delete the
+    # The tool call may hang for timeouts.call (300 s here): SIGTERM must delete the
     # instance at once, and the held call must not keep the process alive.
     local_faults.add("tool_hang")
     tag = f"test-sigterm-hang-{uuid.uuid4().hex[:8]}"
@@ -235,7 +235,7 @@ PENDING_FUTURES_SCRIPT = """
              if t.modality == "tool_use"][:2]
     config = fleetenv.resolve_config(api_key=os.environ["T_KEY"],
                                      base_url=os.environ["T_URL"],
-                                     run_tag=os.environ["T_TAG"], tool_timeout_s=300)
+                                     run_tag=os.environ["T_TAG"], timeouts={"call": 300})
     if os.environ.get("T_WARM"):  # an instance made on the main thread first
         with fleetenv.FleetEnv(tasks[0], config=config) as env:
             env.reset()
@@ -256,7 +256,7 @@ def test_sigterm_does_not_wait_for_hung_rollouts_of_an_unclosed_runner(
         local_fleet: LocalFleet, local_faults: Any, warm: bool,
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Interpreter exit joins the runner's worker threads before atexit runs, and they are
-    # held in tool calls for up to tool_timeout_s (300 s): SIGTERM must not wait for that.
+    # held in tool calls for up to timeouts.call (300 s): SIGTERM must not wait for that.
     # (With the first instance made on the main thread, SIGTERM was already handled; the
     # exit then waited for the held calls.)
     if warm:
@@ -293,7 +293,7 @@ CLOSING_RUNNER_SCRIPT = """
              if t.modality == "tool_use"][:2]
     config = fleetenv.resolve_config(api_key=os.environ["T_KEY"],
                                      base_url=os.environ["T_URL"],
-                                     run_tag=os.environ["T_TAG"], tool_timeout_s=300)
+                                     run_tag=os.environ["T_TAG"], timeouts={"call": 300})
     with fleetenv.Runner(config=config, workers=2, progress=False) as runner:
         futures = [runner.submit(task, "reference") for task in tasks]
         print("RUNNING", flush=True)
@@ -338,7 +338,7 @@ def _session(fleet: LocalFleet, events: list[Event], **settings: Any) -> fleeten
 def test_a_delete_that_keeps_failing_frees_its_slot_and_is_swept_at_close(
         local_fleet: LocalFleet, local_faults: Any) -> None:
     events: list[Event] = []
-    session = _session(local_fleet, events, max_live_instances=1, provision_budget_s=5)
+    session = _session(local_fleet, events, max_live_instances=1, timeouts={"provision": 5})
     task = _tool_use_task()
     with session:
         fault = _delete_fault(local_faults)  # every delete fails, retries included
@@ -367,7 +367,7 @@ def test_a_delete_that_fails_a_few_times_is_retried_and_frees_its_slot(
         local_fleet: LocalFleet, local_faults: Any) -> None:
     events: list[Event] = []
     task = _tool_use_task()
-    with _session(local_fleet, events, max_live_instances=1, provision_budget_s=5) as session:
+    with _session(local_fleet, events, max_live_instances=1, timeouts={"provision": 5}) as session:
         _delete_fault(local_faults, times=2)
         for _ in range(2):
             with fleetenv.FleetEnv(task, session=session) as env:
@@ -414,7 +414,7 @@ def test_an_instance_created_behind_an_interrupt_or_bad_reply_is_swept_at_close(
     # the client waits) or answers 200 with a proxy's error page: the client never learns
     # the instance's id, so only the tag can find it.
     events: list[Event] = []
-    session = _session(local_fleet, events, provision_budget_s=3)
+    session = _session(local_fleet, events, timeouts={"provision": 3})
     expected: type[BaseException]
     if how == "ctrl-c":
         local_faults.add("create_reply", payload="delay", seconds=1.0, times=1)

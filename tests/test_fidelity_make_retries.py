@@ -148,7 +148,7 @@ def test_hostile_messages_are_read_in_bounded_linear_time() -> None:
 @pytest.fixture(scope="module")
 def session(local_fleet: LocalFleet) -> Iterator[Session]:
     config = fleetenv.resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url,
-                                     provision_budget_s=0.6, retry_base_s=0.05,
+                                     timeouts={"provision": 0.6}, retry_base_s=0.05,
                                      retry_cap_s=0.1)
     with Session(config=config, events=EventBus(sinks=[])) as owned:
         yield owned

@@ -59,7 +59,7 @@ def _assert_deadline(error: BaseException | None, seconds: float, what: str) -> 
 def session(server: TrickleServer) -> Iterator[Any]:
     from fleetenv.fleet.session import Session
 
-    with Session(api_key="test-key", base_url=server.url, provision_budget_s=BUDGET,
+    with Session(api_key="test-key", base_url=server.url, timeouts={"provision": BUDGET},
                  retry_base_s=0.05, retry_cap_s=0.1) as s:
         yield s
         # close() would sweep the uncertain create's tag / retry the failed delete
@@ -244,8 +244,8 @@ def test_verifier_timeout_below_60_s_is_the_real_bound() -> None:
     from fleetenv.core.config import resolve_config
 
     config = resolve_config(api_key="k", base_url="http://127.0.0.1:9",
-                            verifier_timeout_s=2.5)
-    assert config.verifier_timeout_s == 2.5
+                            timeouts={"verify": 2.5})
+    assert config.timeouts.verify == 2.5
     from fleetenv.fleet.session import Session
 
     with Session(config) as s:
@@ -318,7 +318,7 @@ def test_abandoned_calls_end_at_once_and_only_the_owners() -> None:
     run_a, run_b = object(), object()
     outcomes: dict[str, tuple[BaseException | None, float]] = {}
     with TrickleServer("stall") as server, \
-            Session(api_key="test-key", base_url=server.url, provision_budget_s=120,
+            Session(api_key="test-key", base_url=server.url, timeouts={"provision": 120},
                     retry_base_s=0.05, retry_cap_s=0.1) as session:
         pool = ManagerPool()
         manager = ManagerClient(f"{server.url}/api/v1/env", pool=pool, instance_id="inst-3",

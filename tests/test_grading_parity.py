@@ -137,10 +137,11 @@ def test_a_verifier_that_stays_unavailable_is_unknown_with_its_reason(
 
 def test_the_verification_budget_bounds_the_retries(local_fleet: LocalFleet,
                                                     local_faults: Any) -> None:
-    """A pause that would outlast ``verifier_timeout_s`` is not taken: one attempt."""
+    """A pause that would outlast ``timeouts.verify`` is not taken: one attempt."""
     fault = local_faults.add("verifier_unavailable", status=503)
     config = fleetenv.resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url,
-                                     retry_base_s=5.0, retry_cap_s=5.0, verifier_timeout_s=2.0)
+                                     retry_base_s=5.0, retry_cap_s=5.0,
+                                     timeouts={"verify": 2.0})
     with FleetEnv(task_with(PASSES, "retry-budget"), config=config,
                   events=EventBus(sinks=[])) as env:
         reward, info = finish(env)

@@ -162,7 +162,7 @@ def test_cancelling_the_awaiting_task_cancels_the_call_on_the_fleetenv_loop(
                                      "the server to start the call")
                     group.cancel_scope.cancel()
             assert not outer.cancelled_caught, "the cancelled call returned at once"
-            await wait_until(lambda: "MCPConnection.acall_tool" not in runtime.call(
+            await wait_until(lambda: "MCPConnection.acall_tool" not in runtime.current().call(
                 fleetenv_task_names), "the loop-side call to end")
             result = await connection.acall_tool("echo", {"text": "still usable"})
             assert result.texts == ["still usable"]
@@ -201,7 +201,7 @@ def test_runtime_call_async_works_under_trio() -> None:
 
     async def main() -> int:
         with pytest.raises(DeadlineExceeded):
-            await runtime.call_async(anyio.sleep, 5, timeout=0.1)
-        return await runtime.call_async(double, 21)
+            await runtime.current().call_async(anyio.sleep, 5, timeout=0.1)
+        return await runtime.current().call_async(double, 21)
 
     assert run_on("trio", main) == 42

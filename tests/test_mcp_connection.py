@@ -8,6 +8,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from typing import Any
 
 import pytest
 from _support.fixtures_mcp import RunningMCPServer
@@ -144,7 +145,7 @@ def test_call_from_asyncio_code(conn: MCPConnection) -> None:
 
     async def user_code() -> tuple[list[str], list[str]]:
         blocking = conn.call_tool("echo", {"text": "sync"})
-        awaited = await runtime.call_async(conn.acall_tool, "echo", {"text": "async"})
+        awaited = await runtime.current().call_async(conn.acall_tool, "echo", {"text": "async"})
         return blocking.texts, awaited.texts
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -159,7 +160,7 @@ def test_ctrl_c_during_a_call_leaves_nothing_running(conn: MCPConnection) -> Non
     with pytest.raises(KeyboardInterrupt):
         conn.call_tool("sleepy", {"seconds": 10})
     assert time.monotonic() - started < 3  # hang bound: interrupted at 0.3 s, not after 10 s
-    names = runtime.call(task_names)
+    names = runtime.current().call(task_names)
     assert not [name for name in names if name.startswith("call sleepy")]
     assert conn.call_tool("echo", {"text": "after ^C"}).texts == ["after ^C"]
 
@@ -330,18 +331,26 @@ def test_a_reply_stream_held_open_does_not_hold_the_call() -> None:
         assert server_app.sse_replies >= 5 and server_app.ended == 0
 
 
-def test_a_burst_of_first_connections_builds_the_ssl_context_once() -> None:
+def test_a_burst_of_first_connections_builds_the_ssl_context_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Sessions that start before the process's SSL context exists all wait for one
-    build. Before, each started its own ``fleetenv-ssl`` thread (12 seen at start-up)."""
+    build. Before, each started its own build in a thread (12 seen at start-up)."""
     from fleetenv.mcp import http
 
-    async def burst() -> tuple[int, int]:
+    builds: list[str] = []
+    build = http._build_ssl_context
+
+    def counted() -> Any:
+        builds.append(threading.current_thread().name)
+        return build()
+
+    monkeypatch.setattr(http, "_build_ssl_context", counted)
+
+    async def burst() -> int:
         http._ssl_context = http._ssl_building = None  # as in a fresh process
         tasks = [asyncio.ensure_future(http._shared_ssl_context()) for _ in range(20)]
-        await asyncio.sleep(0)  # every task has asked for the context by now
-        building = sum(t.name == "fleetenv-ssl" for t in threading.enumerate())
         contexts = await asyncio.gather(*tasks)
-        return building, len({id(c) for c in contexts})
+        return len({id(c) for c in contexts})
 
-    building, distinct = runtime.call(burst, timeout=60)
-    assert building <= 1 and distinct == 1
+    assert runtime.current().call(burst, timeout=60) == 1
+    assert len(builds) == 1 and builds[0].startswith(runtime.POOL_THREAD_PREFIX), builds

@@ -327,7 +327,7 @@ def open_all(connections: list[MCPConnection]) -> list[BaseException | None]:
             for index in range(len(connections)):
                 group.start_soon(open_one, index)
 
-    runtime.call(run, timeout=120)
+    runtime.current().call(run, timeout=120)
     return outcomes
 
 
@@ -499,7 +499,7 @@ def test_an_episode_waits_for_a_slow_starting_mcp_server_within_its_budget(
 
     task = next(t for t in fleetenv.load_tasks(bundled_tasks_path()) if t.modality == "tool_use")
     session = Session(api_key=local_fleet.token, base_url=local_fleet.base_url,
-                      events=EventBus(sinks=[]), connect_timeout_s=5.0)
+                      events=EventBus(sinks=[]), timeouts={"connect": 5.0})
     with session, FleetEnv(task, session=session) as env:
         starting = local_faults.add("mcp_starting", route="/instances/*/mcp*", seconds=1.5)
         observation, _ = env.reset()

@@ -260,7 +260,7 @@ async def _post(url: str, method: str, limit: int) -> bytes:
 
 
 def _run(url: str, method: str, limit: int) -> bytes:
-    return runtime.call(_post, url, method, limit, timeout=30)
+    return runtime.current().call(_post, url, method, limit, timeout=30)
 
 
 @pytest.mark.parametrize("length", [False, True], ids=["chunked", "content-length"])
@@ -305,5 +305,5 @@ def test_sse_replies_are_left_to_mcp(hostile: tuple[_JSONReplies, str]) -> None:
                 assert response.headers["content-type"].startswith("text/event-stream")
                 return await response.aread()
 
-    body = runtime.call(initialize, timeout=30)
+    body = runtime.current().call(initialize, timeout=30)
     assert len(body) > 16 and b"serverInfo" in body

@@ -157,7 +157,7 @@ def test_bad_uri_argument_says_what_to_pass(conn: MCPConnection) -> None:
 
 
 def test_a_read_that_gets_no_answer_is_a_deadline(resource_server: ServerThread) -> None:
-    with MCPConnection(resource_server.url, call_timeout_s=0.5) as connection:
+    with MCPConnection(resource_server.url, read_timeout_s=0.5) as connection:
         with pytest.raises(DeadlineExceeded) as caught:
             connection.read_resource("fleetenv://a/slow")
         assert caught.value.context["uri"] == "fleetenv://a/slow"
@@ -173,7 +173,7 @@ def test_async_twins_on_the_loop(conn: MCPConnection) -> None:
         [block] = await conn.aread_resource("fleetenv://a/items/1")
         return len(listed), len(templates), block.text
 
-    assert runtime.call(everything, timeout=30) == (3, 1, "item 1 of a")
+    assert runtime.current().call(everything, timeout=30) == (3, 1, "item 1 of a")
 
 
 def test_a_server_without_resources_lists_none(mcp_paginated_server: RunningMCPServer) -> None:

@@ -40,8 +40,10 @@ def running(fleet: LocalFleet) -> set[str]:
 def test_two_sessions_keep_their_own_budgets(local_fleet: LocalFleet,
                                              local_faults: Any) -> None:
     # 0.1 cached one backend per (URL, key): the first config's budget won for everyone.
-    short = session_on(local_fleet, provision_budget_s=0.5, retry_base_s=0.4, retry_cap_s=0.4)
-    long = session_on(local_fleet, provision_budget_s=30, retry_base_s=0.4, retry_cap_s=0.4)
+    short = session_on(local_fleet, timeouts={"provision": 0.5}, retry_base_s=0.4,
+                       retry_cap_s=0.4)
+    long = session_on(local_fleet, timeouts={"provision": 30}, retry_base_s=0.4,
+                      retry_cap_s=0.4)
     with short, long:
         fault = local_faults.add("create_error", status=503)
         with FleetEnv(TASK, session=short) as env, pytest.raises(TransientProvisioningError,
@@ -54,12 +56,12 @@ def test_two_sessions_keep_their_own_budgets(local_fleet: LocalFleet,
         with FleetEnv(TASK, session=long) as env:
             env.reset()
             assert env.instance_id in running(local_fleet)
-        assert short.config.provision_budget_s == 0.5
-        assert long.config.provision_budget_s == 30
+        assert short.config.timeouts.provision == 0.5
+        assert long.config.timeouts.provision == 30
 
 
 def test_two_sessions_keep_their_own_caps(local_fleet: LocalFleet) -> None:
-    tight = session_on(local_fleet, max_live_instances=1, provision_budget_s=1.0)
+    tight = session_on(local_fleet, max_live_instances=1, timeouts={"provision": 1.0})
     roomy = session_on(local_fleet, max_live_instances=3)
     with tight, roomy:
         first = FleetEnv(TASK, session=tight)
@@ -258,7 +260,7 @@ def test_a_worker_session_never_sweeps_a_tag_its_siblings_still_use(
     # must not sweep that tag at exit: a sibling's instance under it is alive.
     tag = "fleetenv-shared-run"
     sibling = session_on(local_fleet, run_tag=tag)
-    worker = session_on(local_fleet, run_tag=tag, provision_budget_s=0.5,
+    worker = session_on(local_fleet, run_tag=tag, timeouts={"provision": 0.5},
                         retry_base_s=0.4, retry_cap_s=0.4)
     worker.provisioner.sweeps_shared_tags = False  # what jobs.worker_session sets
     with sibling:
@@ -290,7 +292,7 @@ def test_provisioning_failed_counts_the_creates_it_sent(local_fleet: LocalFleet,
     from fleetenv.events import ProvisioningFailed
 
     failed: list[ProvisioningFailed] = []
-    session = session_on(local_fleet, provision_budget_s=1.0, retry_base_s=0.2,
+    session = session_on(local_fleet, timeouts={"provision": 1.0}, retry_base_s=0.2,
                          retry_cap_s=0.2)
     session.events.add_sink(lambda e: failed.append(e)
                             if isinstance(e, ProvisioningFailed) else None)

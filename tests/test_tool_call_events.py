@@ -27,7 +27,7 @@ def test_every_tool_call_emits_exactly_one_finished_event(local_fleet: LocalFlee
                                                           local_faults: Any) -> None:
     seen: list[Any] = []
     session = Session(api_key=local_fleet.token, base_url=local_fleet.base_url,
-                      events=EventBus([seen.append]), tool_timeout_s=3.0)
+                      events=EventBus([seen.append]), timeouts={"call": 3.0})
     calls = [
         ToolCall("search_tickets", {"status": "open", "limit": 1}),  # ok
         ToolCall("serch_tickets", {}),                                # unknown tool

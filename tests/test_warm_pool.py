@@ -93,7 +93,7 @@ def test_episodes_reuse_one_instance_reset_to_its_seed_state(
 def test_a_dirty_instance_is_never_reused(local_fleet: LocalFleet, local_faults: Any) -> None:
     tasks = _helpdesk_tasks()
     config = resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url,
-                            tool_timeout_s=0.5)
+                            timeouts={"call": 0.5})
     with Session(config, events=EventBus(sinks=[])) as session, \
             WarmPool(session, max_instances=4) as pool:
         # A tool call that timed out may still run on the server: dirty.
@@ -129,7 +129,7 @@ def test_close_from_another_thread_during_a_tool_call_does_not_keep_the_instance
     settled, and the instance is not kept."""
     tasks = _helpdesk_tasks()
     config = resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url,
-                            tool_timeout_s=60)
+                            timeouts={"call": 60})
     closed = threading.Event()
 
     def slow_sink(event: Event) -> None:
@@ -197,7 +197,7 @@ def test_idle_instances_give_way_when_the_live_cap_is_full(local_fleet: LocalFle
     helpdesk = _helpdesk_tasks()[0]
     other = next(t for t in tasks if t.modality == "tool_use" and t.env_key != "helpdesk")
     config = resolve_config(api_key=local_fleet.token, base_url=local_fleet.base_url,
-                            max_live_instances=1, provision_budget_s=20)
+                            max_live_instances=1, timeouts={"provision": 20})
     with Session(config, events=EventBus(sinks=[])) as session, WarmPool(session) as pool:
         assert run_episode(helpdesk, REFERENCE, session=session).reward == 1.0
         assert pool.idle == 1 and session.live.in_use == 1

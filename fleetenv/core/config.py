@@ -45,6 +45,7 @@ __all__ = [
     "ENV_BASE_URL",
     "FleetConfig",
     "TTLDefaults",
+    "Timeouts",
     "finite_reward",
     "resolve_config",
 ]
@@ -83,6 +84,43 @@ class TTLDefaults(BaseModel):
         return int(getattr(self, Modality(modality).value))
 
 
+class Timeouts(BaseModel):
+    """How long each operation may take, in seconds: one deadline per operation, enforced
+    in one place (the operation's own scope on the loop or around its HTTP calls; no
+    caller adds a timer of its own on top).
+
+    ``connect`` (10 s): opening a connection (TCP + TLS) to any endpoint, and one attempt
+    at opening an MCP session (handshake and first tool listing); opening an episode's
+    sessions may take three of them, retries included.
+    ``read`` (60 s): one read-only request: the manager API's describe / query, listing an
+    MCP endpoint's tools or resources, one request of an evaluation job, a control-plane
+    request made outside any operation.
+    ``call`` (60 s): one MCP tool call, from send to result.
+    ``reset`` (10 s): the manager API's ``/reset`` (restoring the seed state); short, since
+    some images hang on it and a fresh instance is the better answer then.
+    ``provision`` (600 s): everything it takes to get one running instance: caps,
+    create, retries, readiness.
+    ``verify`` (120 s): one verification, retries included: an overall deadline (no
+    floor), enforced on every socket read, so a server that trickles its answer cannot
+    stretch it.
+    ``delete`` (30 s): deleting one instance, retries included (at interpreter exit a
+    shorter budget of its own).
+    ``episode`` (``None``): one episode's wall-clock limit; ``None`` means the instance
+    TTL of the task's modality.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    connect: float = Field(10.0, gt=0, allow_inf_nan=False)
+    read: float = Field(60.0, gt=0, allow_inf_nan=False)
+    call: float = Field(60.0, gt=0, allow_inf_nan=False)
+    reset: float = Field(10.0, gt=0, allow_inf_nan=False)
+    provision: float = Field(600.0, gt=0, allow_inf_nan=False)
+    verify: float = Field(120.0, gt=0, allow_inf_nan=False)
+    delete: float = Field(30.0, gt=0, allow_inf_nan=False)
+    episode: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
 class FleetConfig(BaseModel):
     """Resolved settings; frozen. Build it with ``resolve_config()``; change with ``replace()``.
 
@@ -96,15 +134,8 @@ class FleetConfig(BaseModel):
     #: True: run on the embedded fleetenv.local. Default: True exactly when there is no key.
     use_local: bool = False
 
-    #: One MCP tool call, from send to result.
-    tool_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
-    #: Opening a connection (TCP + TLS) to any endpoint.
-    connect_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
-    #: The manager API's /reset, overall; some images hang on it, so it gets its own
-    #: short budget. (Manager describe / query use ``tool_timeout_s``.)
-    reset_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
-    #: Everything it takes to get one running instance: caps, make(), retries, readiness.
-    provision_budget_s: float = Field(600.0, gt=0, allow_inf_nan=False)
+    #: How long each operation may take (a mapping sets the named ones, see `Timeouts`).
+    timeouts: Timeouts = Field(default_factory=Timeouts)
     #: Backoff between provisioning retries: base * 2**n, capped, with equal jitter.
     retry_base_s: float = Field(1.0, gt=0, allow_inf_nan=False)
     retry_cap_s: float = Field(20.0, gt=0, allow_inf_nan=False)
@@ -114,11 +145,6 @@ class FleetConfig(BaseModel):
     ttl_seconds: TTLDefaults = Field(default_factory=TTLDefaults)
     #: Agent steps before an episode is truncated.
     max_steps: int = Field(50, ge=1)
-    #: Wall-clock limit of one episode; None means the instance TTL of the task's modality.
-    episode_deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    #: One verification, retries included: an overall deadline (no floor), enforced on
-    #: every socket read, so a server that trickles its answer cannot stretch it.
-    verifier_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     #: Tag put on every instance created with this config (fleet-python's ``run_id``), so
     #: a runner can list and sweep what its workers created, even in other processes.
     #: ``None``: a tag per process.
@@ -207,16 +233,18 @@ class FleetConfig(BaseModel):
 
         An episode cannot usefully outlive its instance, so the TTL is the natural cap.
         """
-        if self.episode_deadline_s is not None:
-            return self.episode_deadline_s
+        if self.timeouts.episode is not None:
+            return self.timeouts.episode
         return float(self.ttl_for(modality))
 
     def replace(self, **changes: Any) -> FleetConfig:
-        """A validated copy with ``changes`` applied (``use_local`` is kept unless given)."""
+        """A validated copy with ``changes`` applied (``use_local`` is kept unless given).
+        A mapping for ``ttl_seconds`` or ``timeouts`` changes only the values it names."""
         data = {name: getattr(self, name) for name in type(self).model_fields}
-        data["ttl_seconds"] = self.ttl_seconds.model_dump()
-        if isinstance(changes.get("ttl_seconds"), Mapping):
-            data["ttl_seconds"].update(changes.pop("ttl_seconds"))
+        for name in ("ttl_seconds", "timeouts"):
+            data[name] = getattr(self, name).model_dump()
+            if isinstance(changes.get(name), Mapping):
+                data[name].update(changes.pop(name))
         data.update(changes)
         return FleetConfig(**data)
 
@@ -244,11 +272,20 @@ def _describe(exc: ValidationError) -> tuple[str, str, str]:
         return cause.problem, cause.hint, cause.field
     if error["type"] == "extra_forbidden":
         parent, _, name = loc.rpartition(".")
-        known = list(MODALITIES) if parent else list(FleetConfig.model_fields)
+        known = list({"ttl_seconds": MODALITIES, "timeouts": Timeouts.model_fields,
+                      "": FleetConfig.model_fields}.get(parent, ()))
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}?" if close else f"known settings: {', '.join(known)}"
+        hint = (f"it is timeouts={{{_MOVED[name]!r}: ...}} now" if name in _MOVED and not parent
+                else f"did you mean {close[0]!r}?" if close
+                else f"known settings: {', '.join(known)}")
         return f"unknown setting {loc!r}", hint, loc
     return f"setting {loc} is invalid ({message})", _hint_for(loc), loc
+
+
+#: The settings that became `Timeouts` fields, for the error that names the new place.
+_MOVED = {"tool_timeout_s": "call", "connect_timeout_s": "connect", "reset_timeout_s": "reset",
+          "provision_budget_s": "provision", "verifier_timeout_s": "verify",
+          "episode_deadline_s": "episode"}
 
 
 def _hint_for(field: str) -> str:
@@ -257,7 +294,7 @@ def _hint_for(field: str) -> str:
                 "unset to run locally")
     if field == "base_url":
         return f"use e.g. {DEFAULT_BASE_URL}, or unset {ENV_BASE_URL}"
-    if field.endswith("_s") or field.startswith("ttl_seconds"):
+    if field.endswith("_s") or field.startswith(("ttl_seconds", "timeouts")):
         return "use a positive number of seconds"
     if field.startswith("max_"):
         return "use a whole number of at least 1"
@@ -276,8 +313,8 @@ def resolve_config(
 
     ``None`` or ``""`` means "not given" for ``api_key`` and ``base_url``. ``use_local``
     defaults to "no key found". ``environ`` replaces ``os.environ`` (for tests and
-    embedding). ``settings`` are the other ``FleetConfig`` fields, e.g. ``max_steps=20``
-    or ``ttl_seconds={"tool_use": 1200}``.
+    embedding). ``settings`` are the other ``FleetConfig`` fields, e.g. ``max_steps=20``,
+    ``ttl_seconds={"tool_use": 1200}`` or ``timeouts={"call": 30}``.
     """
     env = os.environ if environ is None else environ
     key = (api_key or "").strip() or env.get(ENV_API_KEY, "").strip() or None

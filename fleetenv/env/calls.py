@@ -152,7 +152,7 @@ class StepActions:
             return self._tool_error(state, call, exc.message, info)
         if self._toolbox.is_local(name):
             return self._local_tool(state, call, arguments, info)
-        timeout_s = state.deadline.cap(self._config.tool_timeout_s)
+        timeout_s = state.deadline.cap(self._config.timeouts.call)
         if timeout_s <= 0:
             state.stop(StopReason.TIME_LIMIT)
             self._finished(state, name, "failed", 0.0, DeadlineExceeded("not sent"),

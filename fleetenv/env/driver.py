@@ -5,10 +5,11 @@ drifted (only one emitted the provisioning event, only one had ``skip_mcp``). He
 episode logic is a generator that *yields* the I/O it needs, as one of two operations:
 
 - :class:`Blocking`: a blocking call (fleet-python, ``requests``). The sync driver runs
-  it in the caller's thread; the async driver runs it in a worker thread, so the
+  it in the caller's thread; the async driver runs it on the runtime's pool, so the
   caller's event loop never blocks.
-- :class:`OnLoop`: a coroutine function for fleetenv's loop thread (MCP). The sync
-  driver blocks on it with a timeout; the async driver awaits it without a thread.
+- :class:`OnLoop`: a coroutine function for fleetenv's loop thread (MCP), which
+  enforces its own deadline there. The sync driver blocks on it; the async driver
+  awaits it without a thread.
 
 Exceptions raised by an operation are thrown back into the generator at the ``yield``,
 so the logic reads as ordinary ``try``/``except`` code. Ctrl-C and task cancellation
@@ -19,37 +20,17 @@ the runtime.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Generator
-from concurrent.futures import Executor, ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fleetenv.runtime import loop as runtime
+from fleetenv import runtime
+from fleetenv.core.errors import FleetEnvError
 
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
-
-#: Worker threads for the blocking half of the async twins. Sized for many concurrent
-#: episodes whose provisioning blocks for a long time (asyncio's default executor has
-#: only cpu_count + 4 threads, which would queue them).
-_BLOCKING_POOL: ThreadPoolExecutor | None = None
-
-
-def _blocking_pool() -> ThreadPoolExecutor:
-    global _BLOCKING_POOL
-    if _BLOCKING_POOL is None:
-        _BLOCKING_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fleetenv-io")
-    return _BLOCKING_POOL
-
-
-#: Where `run_async` runs `Blocking` operations when set (in the caller's context): the
-#: Runner's asyncio mode bounds the threads of its episodes with its own pool this way.
-blocking_executor: ContextVar[Executor | None] = ContextVar("fleetenv_blocking_executor",
-                                                            default=None)
 
 
 @dataclass(frozen=True)
@@ -62,7 +43,6 @@ class Blocking:
 class OnLoop:
     fn: Callable[..., Awaitable[Any]]
     args: tuple[Any, ...] = ()
-    timeout: float | None = None
 
 
 Plan = Generator["Blocking | OnLoop", Any, T]
@@ -92,7 +72,7 @@ def _run_here(op: Blocking | OnLoop) -> Any:
     """One operation, from the calling thread (which must not be the loop thread)."""
     if isinstance(op, Blocking):
         return op.fn(*op.args)
-    return runtime.call(op.fn, *op.args, timeout=op.timeout)
+    return runtime.current().call(op.fn, *op.args)
 
 
 async def run_async(plan: Plan[T]) -> T:
@@ -108,13 +88,11 @@ async def run_async(plan: Plan[T]) -> T:
         value, error = None, None
         try:
             if isinstance(op, Blocking):
-                pool = blocking_executor.get() or _blocking_pool()
                 # In the caller's context, as in the sync driver: its trace span, and
                 # whose calls these are (`fleetenv.fleet.deadlines.calls_owner`).
-                value = await runtime.await_future(
-                    pool.submit(contextvars.copy_context().run, op.fn, *op.args))
+                value = await runtime.current().run_blocking(op.fn, *op.args)
             else:
-                value = await runtime.call_async(op.fn, *op.args, timeout=op.timeout)
+                value = await runtime.current().call_async(op.fn, *op.args)
         except Exception as exc:
             error = exc
         except BaseException as exc:  # cancelled: the plan's cleanup goes on elsewhere
@@ -123,17 +101,18 @@ async def run_async(plan: Plan[T]) -> T:
 
 
 def _unwind_later(plan: Plan[Any], interruption: BaseException) -> None:
-    """Finish an interrupted plan's cleanup on a worker thread; the caller leaves now.
+    """Finish an interrupted plan's cleanup on the runtime's pool; the caller leaves now.
 
     Why: a plan stopped at a ``yield`` by Ctrl-C or a cancelled ``await`` (say
     ``asyncio.wait_for(env.close_async(), 5)``) would otherwise be dropped half-way. Its
     ``finally`` blocks (closing MCP sessions, deleting the instance) then never ran, and
     when the generator was collected Python reported "generator ignored GeneratorExit".
     Here the interruption is thrown into the plan, as it would be into ordinary code,
-    and the operations its cleanup yields still run, each with its own timeout.
+    and the operations its cleanup yields still run, each with its own deadline.
     """
-    with contextlib.suppress(RuntimeError):  # shutting down: the exit hooks delete
-        _blocking_pool().submit(_unwind, plan, interruption)
+    # Shutting down (the pool refuses work): the exit hooks delete.
+    with contextlib.suppress(RuntimeError, FleetEnvError):
+        runtime.current().submit_blocking(_unwind, plan, interruption)
 
 
 def _unwind(plan: Plan[Any], interruption: BaseException) -> None:

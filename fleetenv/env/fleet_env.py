@@ -255,7 +255,7 @@ class FleetEnv:
         ``reason`` is the stop reason recorded for an episode that had not ended
         (default ``"abandoned"`` when graded, ``"interrupted"`` when not). A grade still
         being computed (the last step timed out under the verifier) is waited for, at
-        most ``verifier_timeout_s`` + 10 s, then recorded as unknown
+        most ``timeouts.verify`` + 10 s, then recorded as unknown
         (``grading_timeout``). ``conversation`` sets :attr:`conversation` for an episode
         not graded yet.
         """

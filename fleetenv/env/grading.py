@@ -54,8 +54,8 @@ CONVERSATION_KEY = "verifier_conversation"
 #: Task metadata that turns partial rewards on for the task (a bool); ``FleetEnv``'s
 #: ``partial_reward=`` argument overrides it.
 PARTIAL_REWARD_KEY = "partial_reward"
-#: How much longer than ``verifier_timeout_s`` ``close()``/``reset()`` wait for a grade
-#: in flight (the verification itself is bounded by ``verifier_timeout_s``).
+#: How much longer than ``timeouts.verify`` ``close()``/``reset()`` wait for a grade
+#: in flight (the verification itself is bounded by ``timeouts.verify``).
 _GRADE_WAIT_SLACK_S = 10.0
 
 
@@ -96,7 +96,7 @@ class Grader:
         grade, _settled = grade_once(
             self._session, self._task, self._lease.instance, state, self._lease.is_gone,
             partial_reward=self._options.partial_reward,
-            wait_s=self._session.config.verifier_timeout_s + _GRADE_WAIT_SLACK_S,
+            wait_s=self._session.config.timeouts.verify + _GRADE_WAIT_SLACK_S,
             on_settled=lambda settled: self._on_graded(settled, state, reason))
         return grade
 

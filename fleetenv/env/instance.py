@@ -191,7 +191,7 @@ class InstanceLease:
     def reset(self, seed: int | None) -> bool:
         """Restore the seed state. On failure the instance is dropped and ``False``
         returned (the failure is reported as an event, never silently ignored)."""
-        timeout_s = self.session.config.reset_timeout_s
+        timeout_s = self.session.config.timeouts.reset
         try:
             self.manager().reset(seed=seed, timeout_s=timeout_s)
         except FleetEnvError as exc:
@@ -272,7 +272,7 @@ class InstanceLease:
         servers' time: with a thousand episodes opening at once most of them wait there,
         so the queue is bounded by the episode deadline instead, not by the budget."""
         budget_s = deadline.cap(
-            self.session.config.connect_timeout_s * _MCP_OPEN_CONNECT_TIMEOUTS)
+            self.session.config.timeouts.connect * _MCP_OPEN_CONNECT_TIMEOUTS)
         return RetryPolicy(base_s=_MCP_RETRY_BASE_S, cap_s=_MCP_RETRY_CAP_S,
                            budget_s=max(budget_s, 0.001),
                            queue_budget_s=deadline.remaining())
@@ -333,9 +333,9 @@ class InstanceLease:
                                         task=self.task.key)
         try:
             wait_until_ready(lease, instance.root_url,
-                             budget_s=config.connect_timeout_s * _MCP_OPEN_CONNECT_TIMEOUTS,
-                             connect_timeout_s=config.connect_timeout_s,
-                             call_timeout_s=config.tool_timeout_s, task=self.task.key)
+                             budget_s=config.timeouts.connect * _MCP_OPEN_CONNECT_TIMEOUTS,
+                             connect_timeout_s=config.timeouts.connect,
+                             call_timeout_s=config.timeouts.call, task=self.task.key)
         except Exception:
             self.drop_browser("unhealthy")
             raise

@@ -56,18 +56,10 @@ __all__ = ["Toolbox"]
 COMPUTER_TOOL = "computer"
 #: Notifications kept between two steps; a server flooding logs loses the oldest.
 _MAX_PENDING_NOTIFICATIONS = 1000
-#: Extra slack for the caller-side watchdog beyond an operation's own timeout.
-_BACKSTOP_S = 15.0
 #: The local submit tool, as a ``Tool``, so its arguments are checked like any other's.
 _SUBMIT_TOOL = Tool(name=SUBMIT_FINAL_ANSWER,
                     input_schema=SUBMIT_FINAL_ANSWER_TOOL["function"]["parameters"],
                     endpoint="local")
-
-
-def watchdog(seconds: float) -> float:
-    """The caller-side bound for a loop operation whose own timeout is ``seconds``: the
-    in-loop timeout is the real one; this only catches a wedged loop."""
-    return seconds + _BACKSTOP_S
 
 
 class Toolbox:
@@ -124,18 +116,15 @@ class Toolbox:
         router = ToolRouter(
             endpoints if endpoints is not None else
             endpoints_for(root_url, self.task.modality, browser_url, headers=headers),
-            connect_timeout_s=self.config.connect_timeout_s,
-            call_timeout_s=self.config.tool_timeout_s,
+            connect_timeout_s=self.config.timeouts.connect,
+            call_timeout_s=self.config.timeouts.call,
+            read_timeout_s=self.config.timeouts.read,
             retry=retry,
             on_notification=self.notifications.append,
         )
-        open_s = (retry.budget_s if retry is not None and retry.budget_s is not None
-                  else self.config.connect_timeout_s * 3)
-        if retry is not None and retry.queue_budget_s is not None:
-            open_s += retry.queue_budget_s  # waiting for handshake slots is bounded apart
         self.router = router  # before opening: close must find it if we are cancelled
         try:
-            yield OnLoop(router.aopen, timeout=watchdog(open_s))
+            yield OnLoop(router.aopen)
             self._offer(router.tools, instance_id)
             self._tools_version = router.tools_version
             self.instance_id = instance_id
@@ -145,8 +134,7 @@ class Toolbox:
             self.router, self.tools, self.openai_tools = None, [], []
             # The open already failed: that error is the one to report, not the close's.
             with contextlib.suppress(FleetEnvError):
-                yield OnLoop(router.aclose,
-                             timeout=watchdog(self.config.connect_timeout_s))
+                yield OnLoop(router.aclose)
             raise
 
     def attach_plan(self, lease: InstanceLease, deadline: Deadline) -> Plan[None]:
@@ -200,8 +188,7 @@ class Toolbox:
         if router is None or router.tools_version == self._tools_version:
             return False
         version = router.tools_version  # a change after this is seen next time
-        tools: list[Tool] = yield OnLoop(
-            router.arefresh_tools, timeout=watchdog(self.config.tool_timeout_s))
+        tools: list[Tool] = yield OnLoop(router.arefresh_tools)
         self._offer(tools, instance_id)
         self._tools_version = version
         return True
@@ -213,8 +200,7 @@ class Toolbox:
         try:
             result: ToolResult = yield OnLoop(
                 functools.partial(router.acall, COMPUTER_TOOL, {"action": "screenshot"},
-                                  timeout_s=self.config.tool_timeout_s),
-                timeout=watchdog(self.config.tool_timeout_s))
+                                  timeout_s=self.config.timeouts.call))
         except FleetEnvError as exc:
             return [{"type": "text", "text": f"(initial screenshot failed: {exc})"}], str(exc)
         return result.to_openai_content(self.max_text_chars), result.error_message
@@ -261,11 +247,11 @@ class Toolbox:
 
     def call_plan(self, name: str, arguments: dict[str, Any],
                   timeout_s: float) -> Plan[ToolResult]:
-        """Send one call (never retried once it may have run; see ``fleetenv.mcp``)."""
+        """Send one call (never retried once it may have run; see ``fleetenv.mcp``): its one
+        deadline, ``timeout_s``, is enforced on the loop by the MCP connection."""
         router = self._require_router()
         result: ToolResult = yield OnLoop(
-            functools.partial(router.acall, name, arguments, timeout_s=timeout_s),
-            timeout=watchdog(timeout_s))
+            functools.partial(router.acall, name, arguments, timeout_s=timeout_s))
         return result
 
     def prompt(self, format: str) -> str:
@@ -303,7 +289,7 @@ class Toolbox:
         router, self.router = self.router, None
         self.instance_id = None
         if router is not None:
-            yield OnLoop(router.aclose, timeout=watchdog(self.config.connect_timeout_s))
+            yield OnLoop(router.aclose)
 
     def _require_router(self) -> ToolRouter:
         if self.router is None:

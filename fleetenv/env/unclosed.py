@@ -8,13 +8,14 @@ account's limits) until its TTL or the kernel's exit. So every env is watched by
 1. an :class:`UnclosedEnvWarning` (a ``ResourceWarning``, as Python warns for an
    unclosed file) names the task and the instance, once per env;
 2. the cleanup ``close()`` would have done (the MCP sessions, the browser lease, the
-   instance, a private session) runs in a thread of its own, which ends with it. Never
-   in the finalizer itself: the collector may run in any thread, fleetenv's event-loop
-   thread included, where blocking on the loop would deadlock, and one holding
-   ``threading``'s own locks, where starting a thread would. So the finalizer only hands
-   the job to the running event loop (``runtime.call_soon``), which starts the thread.
-   No loop running means the runtime was shut down (an env's MCP sessions start the loop
-   before it holds anything), and the shutdown hooks already deleted its instance.
+   instance, a private session) runs on the runtime's pool. Never in the finalizer
+   itself: the collector may run in any thread, fleetenv's event-loop thread included,
+   where blocking on the loop would deadlock, and one holding ``threading``'s or the
+   pool's own locks, where handing work to the pool would. So the finalizer only
+   enqueues the job on the running event loop (``Runtime.call_soon``), which hands it
+   to the pool. No loop running means the runtime was shut down (an env's MCP sessions
+   start the loop before it holds anything), and the shutdown hooks already deleted its
+   instance.
 
 ``close()`` detaches the finalizer; at interpreter exit it does not run (the exit hooks
 of :mod:`fleetenv.fleet.registry` delete what is left); a forked child's copy does
@@ -29,14 +30,14 @@ import functools
 import logging
 import os
 import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fleetenv import runtime
+from fleetenv.core.errors import FleetEnvError
 from fleetenv.env.driver import run_sync
-from fleetenv.runtime import loop as runtime
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.env.instance import InstanceLease
@@ -97,13 +98,14 @@ def _collected(task_key: str, lease: InstanceLease, toolbox: Toolbox, session: S
         "fleetenv is deleting it now. Call env.close(), or use `with FleetEnv(...) as "
         "env:`, to release it yourself"), stacklevel=2)
     job = functools.partial(_clean_up, task_key, lease, toolbox, session, owns_session)
-    runtime.call_soon(functools.partial(_start_cleanup, job))  # only enqueues, never blocks
+    now = runtime.current()
+    now.call_soon(functools.partial(_start_cleanup, now, job))  # only enqueues, never blocks
 
 
 def _clean_up(task_key: str, lease: InstanceLease, toolbox: Toolbox, session: Session,
               owns_session: bool) -> None:
     """What ``close()`` does after grading (an abandoned env is not graded: nobody
-    would read its grade). Runs in its own cleanup thread."""
+    would read its grade). Runs on the runtime's pool."""
     try:
         run_sync(toolbox.close_plan())
     except Exception as exc:  # the instance must still go
@@ -116,10 +118,12 @@ def _clean_up(task_key: str, lease: InstanceLease, toolbox: Toolbox, session: Se
             lease.call_when_idle(session.close)
 
 
-def _start_cleanup(job: Callable[[], None]) -> None:
-    """On the loop thread: run ``job`` in a thread of its own, which ends with it."""
-    threading.Thread(target=_run, args=(job,), name="fleetenv-unclosed-env",
-                     daemon=True).start()
+def _start_cleanup(now: runtime.Runtime, job: Callable[[], None]) -> None:
+    """On the loop thread: hand ``job`` to the pool (it never waits for it)."""
+    try:
+        now.submit_blocking(_run, job)
+    except (RuntimeError, FleetEnvError) as exc:  # shutting down: the exit hooks delete
+        logger.warning("could not clean up a garbage-collected FleetEnv: %s", exc)
 
 
 def _run(job: Callable[[], None]) -> None:

@@ -29,14 +29,15 @@ Two mechanisms, one per HTTP stack, chosen for what each stack lets us hook:
   ``FleetTimeoutError``/``FleetAPIError`` and drops the detail; ours passes through.
 
 * **requests (manager API)**: ``http.client`` reads through a file object over the
-  socket, with no per-read hook. So a small shared watchdog thread (one per process,
-  started on first use) fires at the scope's deadline and ``shutdown(SHUT_RDWR)``s the
-  sockets of the connections *attached to that scope*: a blocked ``recv`` returns at
-  once, in the header phase as in the body. Connections attach when they send a request
-  (:class:`DeadlineAdapter`'s connection class) and detach when they go back to the pool
-  or close, under the scope's lock, so the watchdog can never shut down a connection
-  another request has taken from the pool. A fired scope always ends in
-  ``DeadlineExceeded``, even when the shut-down socket looked like a clean end of body.
+  socket, with no per-read hook. So a timer on the runtime's loop (`Runtime.call_at`)
+  fires at the scope's deadline and ``shutdown(SHUT_RDWR)``s the sockets of the
+  connections *attached to that scope* (non-blocking, so the loop never waits): a
+  blocked ``recv`` returns at once, in the header phase as in the body. Connections
+  attach when they send a request (:class:`DeadlineAdapter`'s connection class) and
+  detach when they go back to the pool or close, under the scope's lock, so the timer
+  can never shut down a connection another request has taken from the pool. A fired
+  scope always ends in ``DeadlineExceeded``, even when the shut-down socket looked like a
+  clean end of body.
 
 A scope's exit turns any exception raised after it fired into its ``DeadlineExceeded``
 (chained to it), so a wrapper in between (fleet-python, fleetenv's retry loop) cannot
@@ -58,15 +59,12 @@ from __future__ import annotations
 import concurrent.futures.thread  # noqa: F401  # its exit hook must exist before ours
 import contextlib
 import contextvars
-import heapq
-import itertools
 import logging
-import os
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import httpcore
@@ -75,7 +73,8 @@ from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from fleetenv.core.errors import DeadlineExceeded, ProvisioningError
+from fleetenv import runtime
+from fleetenv.core.errors import DeadlineExceeded, FleetEnvError, ProvisioningError
 from fleetenv.core.retry import Deadline
 
 __all__ = [
@@ -135,6 +134,7 @@ class DeadlineScope:
         self._conns: set[Any] = set()
         self._streams: set[httpcore.NetworkStream] = set()  # httpx reads under way
         self._armed = False
+        self._disarm: Callable[[], None] | None = None  # cancels the timer of `_arm`
         self.abandoned = False
         self.owner: object | None = None
 
@@ -205,7 +205,19 @@ class DeadlineScope:
         if expired:
             _shutdown(conn)
         elif arm:
-            _watchdog().arm(self)
+            self._arm()
+
+    def _arm(self) -> None:
+        """Have the runtime's loop `expire` this scope at its end."""
+        try:
+            disarm = runtime.current().call_at(self.end, self.expire)
+        except FleetEnvError as exc:  # interpreter exit: each read stays bounded by its timeout
+            logger.debug("%s: no deadline timer (%s)", self.what, exc)
+            return
+        with self._lock:
+            late, self._disarm = not self._armed, disarm
+        if late:  # closed meanwhile
+            disarm()
 
     def detach(self, conn: Any) -> None:
         with self._lock:
@@ -214,7 +226,8 @@ class DeadlineScope:
                 conn._fleetenv_scope = None
 
     def expire(self) -> None:
-        """The watchdog's action: mark fired and shut down the attached sockets."""
+        """The timer's action (on the loop): mark fired and shut down the attached
+        sockets. Never blocks: the lock guards set operations only."""
         with self._lock:
             conns = list(self._conns)
             self.fired = True
@@ -243,9 +256,10 @@ class DeadlineScope:
                 if getattr(conn, "_fleetenv_scope", None) is self:
                     conn._fleetenv_scope = None
             self._conns.clear()
-            armed, self._armed = self._armed, False
-        if armed:
-            _watchdog().disarm(self)
+            self._armed = False
+            disarm, self._disarm = self._disarm, None
+        if disarm is not None:
+            disarm()
 
 
 def _shutdown(conn: Any) -> None:
@@ -524,63 +538,6 @@ class DeadlineTransport(httpx.HTTPTransport):
 
 
 # ---------------------------------------------------------------- requests / urllib3
-
-
-class _Watchdog:
-    """One daemon thread that expires the scopes of blocking ``requests`` calls."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, DeadlineScope]] = []
-        self._live: set[int] = set()
-        self._ids = itertools.count()
-        self._scope_ids: dict[int, int] = {}
-        self._thread = threading.Thread(target=self._run, name="fleetenv-deadlines",
-                                        daemon=True)
-        self._thread.start()
-
-    def arm(self, scope: DeadlineScope) -> None:
-        with self._cond:
-            n = next(self._ids)
-            self._scope_ids[id(scope)] = n
-            self._live.add(n)
-            heapq.heappush(self._heap, (scope.end, n, scope))
-            self._cond.notify()
-
-    def disarm(self, scope: DeadlineScope) -> None:
-        with self._cond:
-            n = self._scope_ids.pop(id(scope), None)
-            if n is not None:
-                self._live.discard(n)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._heap and self._heap[0][1] not in self._live:
-                    heapq.heappop(self._heap)  # disarmed: forget it
-                if not self._heap:
-                    self._cond.wait()
-                    continue
-                end, n, scope = self._heap[0]
-                wait = end - time.monotonic()
-                if wait > 0:
-                    self._cond.wait(wait)
-                    continue
-                heapq.heappop(self._heap)
-                self._live.discard(n)
-            scope.expire()
-
-
-_watchdog_lock = threading.Lock()
-_watchdog_instance: tuple[int, _Watchdog] | None = None
-
-
-def _watchdog() -> _Watchdog:
-    global _watchdog_instance
-    with _watchdog_lock:
-        if _watchdog_instance is None or _watchdog_instance[0] != os.getpid():
-            _watchdog_instance = (os.getpid(), _Watchdog())  # fresh after a fork
-        return _watchdog_instance[1]
 
 
 class _ScopedConnectionMixin:

@@ -71,8 +71,6 @@ TERMINAL_STATUSES = frozenset({"completed", "cancelled", "canceled", "errored", 
 _FAILED_STATUSES = TERMINAL_STATUSES - {"completed"}
 _MODES = {"tool_use": "tool-use", "computer_use": "computer-use",
           "browser_use": "browser-use"}
-#: Bound of one HTTP request (inside the evaluation's own deadline).
-REQUEST_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -269,7 +267,7 @@ class Evaluator:
                 raise self._deadline_error(job_id, task_key, status)
             pause = deadline.cap(backoff.delay(polls))
             polls += 1
-            yield OnLoop(_sleep, (pause,), timeout=pause + 30.0)
+            yield OnLoop(_sleep, (pause,))
         if status in _FAILED_STATUSES:
             reason = job.get("error") or "Fleet gave no reason"
             raise EvaluationFailed(f"evaluation job {job_id} ended {status}: {reason}",
@@ -306,7 +304,7 @@ class Evaluator:
                 if delay is None:
                     raise
                 logger.info("%s failed (%s); retrying in %.1f s", what, exc, delay)
-            yield OnLoop(_sleep, (delay,), timeout=delay + 30.0)
+            yield OnLoop(_sleep, (delay,))
 
     def _request(self, what: str, deadline: Deadline, fn: Callable[..., T],
                  args: tuple[Any, ...], context: dict[str, Any]) -> T:
@@ -315,8 +313,9 @@ class Evaluator:
         if deadline.expired():
             raise DeadlineExceeded(f"{what}: the evaluation's {self.timeout_s:g} s ran out",
                                    **context)
-        with deadline_scope(deadline.cap(REQUEST_TIMEOUT_S), what=what, retryable=True,
-                            **context):
+        # One request's bound is the session's read timeout, within the evaluation's.
+        with deadline_scope(deadline.cap(self.session.config.timeouts.read), what=what,
+                            retryable=True, **context):
             try:
                 return fn(*args)
             except FleetEnvError:

@@ -268,8 +268,8 @@ def for_session(session: Session) -> LeaseClient:
     headers: dict[str, str] = session.client.sdk.client.get_headers()
     return LeaseClient.configured(
         session.base_url, {k: v for k, v in headers.items() if k in _CREDENTIAL_HEADERS},
-        retry=session.retry.with_budget(session.config.connect_timeout_s * 6),
-        connect_timeout_s=session.config.connect_timeout_s)
+        retry=session.retry.with_budget(session.config.timeouts.connect * 6),
+        connect_timeout_s=session.config.timeouts.connect)
 
 
 def sweep_leases(session: Session, run_tag: str, *, dry_run: bool = False) -> list[str]:

@@ -5,8 +5,8 @@ timeout (300 s), so a hung ``/reset`` on some images blocked episodes for minute
 previous client mutated a shared client's timeout to work around it. Here every call has
 its own timeout and every failure becomes a typed error that names the instance.
 
-The timeout of a call is an overall deadline (``reset_timeout_s`` for reset,
-``tool_timeout_s`` for describe / query), not a per-read timeout: a manager that answers
+The timeout of a call is an overall deadline (``timeouts.reset`` for reset,
+``timeouts.read`` for describe / query), not a per-read timeout: a manager that answers
 one byte at a time, or sends headers and stalls, is cut off when the deadline passes
 (``fleetenv.fleet.deadlines`` says how) and the call raises ``DeadlineExceeded``.
 

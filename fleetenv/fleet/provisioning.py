@@ -238,7 +238,7 @@ class Provisioner:
             with deadline_scope(budget, what=f"creating an instance of {request.env_spec}",
                                 error_cls=ProvisioningDeadlineExceeded,
                                 retryable=left is None or budget < left,
-                                hint="raise provision_budget_s, or retry later",
+                                hint="raise timeouts.provision, or retry later",
                                 task=request.task_key, env=request.env_spec):
                 env = sdk.make(
                     request.env_spec,

@@ -125,8 +125,9 @@ class InstanceRegistry:
             self.discard(item.instance_id)
             return True
 
-        # Plain threads, not a ThreadPoolExecutor: at interpreter exit concurrent.futures
-        # refuses new work ("cannot schedule new futures after interpreter shutdown").
+        # Threads of their own, not the runtime's pool: this runs at interpreter exit,
+        # when concurrent.futures has joined its pools and refuses new work, and after a
+        # signal, while the runtime may be shutting down. They end with their deletes.
         results: list[bool] = []
         queue = list(pending)
         queue_lock = threading.Lock()
@@ -231,7 +232,7 @@ def install_exit_hooks() -> None:
         if _hooks_installed:
             return
         _hooks_installed = True
-    from fleetenv.runtime.loop import add_shutdown_hook
+    from fleetenv.runtime import add_shutdown_hook
 
     add_shutdown_hook(delete_everywhere)
     install_signal_handlers()  # in case the first instance is made on the main thread
@@ -285,6 +286,8 @@ def _start_signal_cleanup(signum: int) -> None:
     if _terminating and _cleanup_pid == pid:
         return  # a second signal: the cleanup is already running
     _terminating, _cleanup_pid = True, pid
+    # A thread of its own, not the runtime's pool: the handler may have interrupted the
+    # pool's own locks, and the runtime may be shutting down (see delete_all).
     thread = threading.Thread(target=_signal_cleanup, args=(signal.Signals(signum).name,),
                               name="fleetenv-signal-cleanup", daemon=True)
     _cleanup_thread = thread
@@ -294,9 +297,9 @@ def _start_signal_cleanup(signum: int) -> None:
 def _signal_cleanup(name: str) -> None:
     logger.warning("%s: deleting every live fleetenv instance", name)
     try:
-        from fleetenv.runtime.loop import cancel_running
+        from fleetenv import runtime
 
-        cancel_running()  # hung tool calls must not hold up the exit
+        runtime.current().cancel_running()  # hung tool calls must not hold up the exit
     except Exception as exc:
         logger.warning("could not cancel fleetenv's work in flight: %s", exc)
     _delete_all_registries()

@@ -105,10 +105,10 @@ class Session:
         #: Tag put on every instance this session creates (fleet-python's ``run_id``).
         self.run_tag: str = self.config.run_tag or new_run_tag()
         self.events: EventBus = events if events is not None else EventBus()
-        #: The one retry policy of this session (budget: ``provision_budget_s``).
+        #: The one retry policy of this session (budget: ``timeouts.provision``).
         self.retry: RetryPolicy = RetryPolicy(
             base_s=self.config.retry_base_s, cap_s=self.config.retry_cap_s,
-            budget_s=self.config.provision_budget_s)
+            budget_s=self.config.timeouts.provision)
         self.creating = Gate("max_creating_instances", self.config.max_creating_instances)
         self.live = Gate("max_live_instances", self.config.max_live_instances)
         self.instances = InstanceRegistry()
@@ -227,14 +227,15 @@ class Session:
                 raise ConfigurationError("no API key", field="api_key")
             base_url, api_key = config.base_url, config.api_key.get_secret_value()
         # Creates, polls, deletes and verifications each run under their own overall
-        # deadline (verifier_timeout_s is the real bound of a verification, with no
-        # floor); timeout_s only bounds a request made outside any of them.
-        client = FleetClient(api_key, base_url, timeout_s=60.0,
-                             connect_timeout_s=config.connect_timeout_s)
+        # deadline (timeouts.verify is the real bound of a verification, with no floor);
+        # timeout_s only bounds a request made outside any of them.
+        client = FleetClient(api_key, base_url, timeout_s=config.timeouts.read,
+                             connect_timeout_s=config.timeouts.connect)
         limiter = key_limiter(base_url, api_key)
         provisioner = Provisioner(
             client, registry=self.instances, creating=self.creating, live=self.live,
-            key_limit=limiter, retry=self.retry, run_tag=self.run_tag)
+            key_limit=limiter, retry=self.retry, run_tag=self.run_tag,
+            delete_timeout_s=config.timeouts.delete)
         return _Backend(base_url=base_url, is_local=config.use_local, client=client,
                         provisioner=provisioner, key_limit=limiter)
 
@@ -255,13 +256,13 @@ class Session:
         self._check_usable()
         return ManagerClient(instance.manager_url, pool=self._manager_pool,
                              instance_id=instance.instance_id,
-                             timeout_s=self.config.tool_timeout_s,
-                             connect_timeout_s=self.config.connect_timeout_s,
+                             timeout_s=self.config.timeouts.read,
+                             connect_timeout_s=self.config.timeouts.connect,
                              runner_tokens=self.client.runner_tokens)
 
     def verifier_retry(self) -> RetryPolicy:
-        """The retry policy of one verification (bounded by ``verifier_timeout_s``)."""
-        return self.retry.with_budget(self.config.verifier_timeout_s, max_attempts=3)
+        """The retry policy of one verification (bounded by ``timeouts.verify``)."""
+        return self.retry.with_budget(self.config.timeouts.verify, max_attempts=3)
 
     def live_instance_ids(self) -> list[str]:
         """Instances this session created and has not deleted yet."""

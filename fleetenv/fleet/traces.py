@@ -15,8 +15,9 @@ no fallback token; ``TraceOptions.jobs_url`` moves the jobs route to another hos
 previous client found it answering 404 on the Fleet base URL and used a separate one).
 Off the critical path: :class:`TraceUploader` takes
 finished results without blocking (a bounded queue; a full queue drops and counts) and
-uploads them on one background thread; ``close()`` drains what is queued within a
-bound and reports what was not uploaded. Failures never raise into the run: each upload
+uploads them one at a time on the runtime's pool (one job drains the queue and ends
+when it is empty); ``close()`` drains what is queued within a bound and reports what
+was not uploaded. Failures never raise into the run: each upload
 is retried on transient answers (429, 5xx, no answer) inside its own budget with the
 session's :class:`~fleetenv.core.retry.RetryPolicy`, then counted; the first failure is
 logged as a warning and the count is in :meth:`TraceUploader.report`. A retry resends
@@ -38,6 +39,7 @@ in the transcript, and every text goes through :func:`~fleetenv.core.redaction.r
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 import queue
@@ -45,11 +47,18 @@ import re
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from fleetenv.core.errors import ConfigurationError, DeadlineExceeded, TraceUploadError
+from fleetenv import runtime
+from fleetenv.core.errors import (
+    ConfigurationError,
+    DeadlineExceeded,
+    FleetEnvError,
+    TraceUploadError,
+)
 from fleetenv.core.redaction import redact_value, register_secret
 from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.fleet.classify import error_detail
@@ -454,11 +463,9 @@ def _upload_error(exc: Exception, what: str, context: dict[str, Any]) -> TraceUp
 
 # ----- the background uploader -------------------------------------------------------------
 
-_STOP = object()
-
 
 class TraceUploader:
-    """Uploads finished episodes on one background thread; see the module docstring.
+    """Uploads finished episodes in the background; see the module docstring.
 
     ``submit(result)`` never blocks and never raises for an upload problem. ``close()``
     drains the queue for at most ``options.flush_timeout_s`` and returns the report.
@@ -480,9 +487,8 @@ class TraceUploader:
         self._in_flight = 0
         #: close() stopped waiting: what is still under way is counted as not sent.
         self._abandoned = False
-        self._thread = threading.Thread(target=self._work, name="fleetenv-traces",
-                                        daemon=True)
-        self._thread.start()
+        #: The pool job draining the queue (None: the queue was empty when it ended).
+        self._draining: Future[None] | None = None
 
     def __repr__(self) -> str:
         return f"TraceUploader(job={self.options.job!r}, {self.report().summary()!r})"
@@ -493,9 +499,11 @@ class TraceUploader:
         if not self._closed:
             try:
                 self._queue.put_nowait(result)
-                return True
             except queue.Full:
                 pass
+            else:
+                self._drain_soon()
+                return True
         with self._lock:
             self._report.dropped += 1
             first = self._report.dropped == 1
@@ -508,8 +516,9 @@ class TraceUploader:
 
     @property
     def running(self) -> bool:
-        """Whether the upload thread is still alive (it ends after ``close()``)."""
-        return self._thread.is_alive()
+        """Whether an upload is under way or queued."""
+        with self._lock:
+            return self._draining is not None
 
     def report(self) -> TraceReport:
         """A snapshot of the counts so far."""
@@ -521,21 +530,15 @@ class TraceUploader:
 
     def close(self, timeout_s: float | None = None) -> TraceReport:
         """Upload what is queued (within ``timeout_s``, default the options' flush
-        bound), stop the thread, and return the report. Idempotent."""
+        bound) and return the report. Idempotent."""
         bound = self.options.flush_timeout_s if timeout_s is None else timeout_s
         if not self._closed:
             self._closed = True
-            self._closing = Deadline(bound)
-            while True:  # a full queue must not keep the stop mark out
-                try:
-                    self._queue.put(_STOP, timeout=0.1)
-                    break
-                except queue.Full:
-                    if self._closing.expired():
-                        break
-            self._thread.join(bound)
+            closing = self._closing = Deadline(bound)
+            while (draining := self._draining) is not None and not closing.expired():
+                concurrent.futures.wait([draining], timeout=closing.remaining())
             with self._lock:
-                if self._thread.is_alive():
+                if self._draining is not None:
                     self._abandoned = True
                     self._report.dropped += self._in_flight
             self._count_leftovers()
@@ -548,30 +551,39 @@ class TraceUploader:
         left = 0
         while True:
             try:
-                item = self._queue.get_nowait()
+                self._queue.get_nowait()
             except queue.Empty:
                 break
-            if item is not _STOP:
-                left += 1
+            left += 1
         if left:
             with self._lock:
                 self._report.dropped += left
             logger.warning("trace upload: %d episode(s) not sent: close() waited its "
                            "%.0f s", left, self.options.flush_timeout_s)
 
-    # ---- the worker thread
+    # ---- the pool job
 
-    def _work(self) -> None:
+    def _drain_soon(self) -> None:
+        """Start a pool job draining the queue unless one is under way."""
+        with self._lock:
+            if self._draining is not None:
+                return
+            try:
+                self._draining = runtime.current().submit_blocking(self._drain)
+            except (RuntimeError, FleetEnvError) as exc:  # shutting down: counted at close
+                logger.debug("trace upload: no thread to upload on (%s)", exc)
+
+    def _drain(self) -> None:
+        """Upload what is queued, one at a time; end once the queue is empty."""
         while True:
             try:
-                item = self._queue.get(timeout=0.25)
+                item = self._queue.get_nowait()
             except queue.Empty:
-                closing = self._closing
-                if closing is not None and closing.expired():
-                    return  # close() gave up on the stop mark getting in
+                with self._lock:  # a submit after this sees no drain and starts one
+                    if self._queue.empty():
+                        self._draining = None
+                        return
                 continue
-            if item is _STOP:
-                return
             closing = self._closing
             if closing is not None and closing.expired():
                 with self._lock:

@@ -135,7 +135,7 @@ def verify(
 
     try:
         with deadline_scope(deadline, what=f"verifying task {task_key}",
-                            hint="raise verifier_timeout_s, or check the verifier",
+                            hint="raise timeouts.verify, or check the verifier",
                             task=task_key, instance=getattr(env, "instance_id", None)):
             response = policy.call(attempt, deadline=deadline, on_retry=on_retry)
     except _JudgeFailed as judged:

@@ -14,7 +14,7 @@ a fraction of it. The pool is opt-in, per session, and conservative:
   the one it was created for: env and data keys and versions, env variables, modality,
   region and run tag.
 * **Reset right before reuse.** A warm instance is reset when it is taken, within
-  ``reset_timeout_s``; if the reset fails it is deleted and the next one (or a fresh
+  ``timeouts.reset``; if the reset fails it is deleted and the next one (or a fresh
   create) is used.
 * **Never dirty.** An instance comes back only from an episode that closed normally: not
   cancelled, interrupted or errored (``close(grade=False)``), and without a tool call
@@ -25,7 +25,7 @@ a fraction of it. The pool is opt-in, per session, and conservative:
   full and no idle instance fits a request, the oldest idle one is deleted to make room.
 * **Expiry before TTL.** An instance is handed out only while at least
   ``expire_before_ttl_s`` of its TTL is left, and kept at most ``max_idle_s`` without
-  use. Default margin: a whole episode plus grading when ``episode_deadline_s`` is set
+  use. Default margin: a whole episode plus grading when ``timeouts.episode`` is set
   below the TTL; otherwise (the episode deadline defaults to the TTL itself, so no
   margin could fit a whole one) half the TTL: an instance serves episodes during the
   first half of its life.
@@ -265,15 +265,15 @@ class WarmPool:
         if self.expire_before_ttl_s is not None:
             return self.expire_before_ttl_s
         config = self.session.config
-        deadline = config.episode_deadline_s
-        if deadline is not None and deadline + config.verifier_timeout_s < ttl:
-            return deadline + config.verifier_timeout_s
+        deadline = config.timeouts.episode
+        if deadline is not None and deadline + config.timeouts.verify < ttl:
+            return deadline + config.timeouts.verify
         return ttl / 2
 
     def _reset(self, instance: Instance) -> bool:
         try:
             self.session.manager(instance).reset(
-                seed=None, timeout_s=self.session.config.reset_timeout_s)
+                seed=None, timeout_s=self.session.config.timeouts.reset)
         except Exception as exc:  # any failure makes it dirty; a fresh one replaces it
             logger.info("warm instance %s did not reset (%s: %s); deleting it",
                         instance.instance_id, type(exc).__name__, exc)

@@ -13,6 +13,10 @@ What happens on failure (what each failure *means* is decided in `fleetenv.mcp.f
   is one a starting server explains (refused, 502/503/504, handshake cut short); "no
   MCP here" (404/405) and bad credentials (401/403) fail at once. Either way the error
   is a `ConnectError` naming the endpoint, and nothing with an effect was sent.
+* Each operation has one deadline, enforced here on the loop (the blocking API adds no
+  timer): an attempt at opening a session ``connect_timeout_s`` (all attempts the
+  retry policy's budget), a listing or resource read ``read_timeout_s``, a tool call
+  ``call_timeout_s`` (or its ``timeout_s``), closing ``close_timeout_s``.
 * A call that got no answer in time raises `DeadlineExceeded`; the session survives.
 * A session that is lost (server restarted, connection dropped, owner task died) is
   replaced by a new one before the next operation is sent. Listing tools is read-only,
@@ -50,7 +54,7 @@ from fleetenv.mcp.arguments import require_object
 from fleetenv.mcp.notifications import NotificationCallback
 from fleetenv.mcp.resources import Resource, ResourceTemplate
 from fleetenv.mcp.tools import Tool
-from fleetenv.runtime.loop import on_fleetenv_loop
+from fleetenv.runtime import on_fleetenv_loop
 
 if TYPE_CHECKING:
     import anyio
@@ -85,8 +89,6 @@ _SETUP_RETRY_CAP_S = 2.0
 _SETUP_ATTEMPTS = 3
 
 _MAX_LIST_PAGES = 1000
-# Extra time the blocking API grants the loop beyond the in-loop timeouts (a backstop only).
-_BACKSTOP_S = 10.0
 
 # Connections with a live session in the current runtime; touched on the loop thread only.
 _open: set[MCPConnection] = set()
@@ -124,8 +126,9 @@ class MCPConnection:
     reprs, logs or errors. ``connect_timeout_s`` bounds one attempt at opening a session
     (TCP, handshake, first listing); ``retry`` paces the attempts and bounds them all
     (default: up to 3 attempts within ``connect_timeout_s``). ``call_timeout_s`` is the
-    default bound of one request; ``list_attempts`` how often listing tools is tried when
-    the session is lost meanwhile; ``close_timeout_s`` bounds ending the session.
+    default bound of one tool call, ``read_timeout_s`` of one listing or resource read;
+    ``list_attempts`` how often listing is tried when the session is lost meanwhile;
+    ``close_timeout_s`` bounds ending the session.
 
     ``on_notification`` receives what the server sends unasked (`fleetenv.mcp.
     notifications`): tool list changes, log messages, and the progress of calls made
@@ -140,6 +143,7 @@ class MCPConnection:
         headers: Mapping[str, str] | None = None,
         connect_timeout_s: float = 10.0,
         call_timeout_s: float = 60.0,
+        read_timeout_s: float = 60.0,
         list_attempts: int = 3,
         close_timeout_s: float = 5.0,
         retry: RetryPolicy | None = None,
@@ -149,6 +153,7 @@ class MCPConnection:
         self._headers = dict(headers) if headers else None
         self.connect_timeout_s = connect_timeout_s
         self.call_timeout_s = call_timeout_s
+        self.read_timeout_s = read_timeout_s
         self.list_attempts = max(1, list_attempts)
         self.close_timeout_s = close_timeout_s
         self.retry = retry or RetryPolicy(
@@ -177,33 +182,17 @@ class MCPConnection:
             state = "open" if self._live.usable else "lost"
         return f"MCPConnection({self.url!r}, {state})"
 
-    @property
-    def setup_budget_s(self) -> float | None:
-        """The longest opening a session may take, retries included (``None``: unbounded)."""
-        policy = self.retry
-        if policy.budget_s is not None:
-            return policy.budget_s  # every attempt is cut to what is left of it
-        if policy.max_attempts is None:
-            return None  # retries until it works or the caller gives up
-        return policy.max_attempts * self.connect_timeout_s + (
-            policy.max_attempts - 1
-        ) * policy.cap_s
-
     # ------------------------------------------------------------------ blocking API
 
     def open(self) -> MCPConnection:
         """Open the session now (otherwise the first operation opens it)."""
-        runtime.call(self.aopen, timeout=self._watchdog_s(opens=1), name=f"open {self.url}")
+        runtime.current().call(self.aopen, name=f"open {self.url}")
         return self
 
     def list_tools(self, *, refresh: bool = False) -> list[Tool]:
         """The endpoint's tools (all pages). Cached from the open; ``refresh`` asks again."""
-        n = self.list_attempts
-        return runtime.call(
-            functools.partial(self.alist_tools, refresh=refresh),
-            timeout=self._watchdog_s(opens=n, calls=n, pauses=n - 1),
-            name=f"list tools at {self.url}",
-        )
+        return runtime.current().call(functools.partial(self.alist_tools, refresh=refresh),
+                                      name=f"list tools at {self.url}")
 
     def call_tool(
         self,
@@ -214,10 +203,8 @@ class MCPConnection:
         meta: Mapping[str, Any] | None = None,
     ) -> ToolResult:
         """Call a tool and wait for its result (see the module docstring for failures)."""
-        # a lost session is replaced first (setup) and a 404'd call is sent twice
-        return runtime.call(
+        return runtime.current().call(
             functools.partial(self.acall_tool, name, arguments, timeout_s=timeout_s, meta=meta),
-            timeout=self._watchdog_s(opens=2, calls=2, call_s=timeout_s),
             name=f"call {name} at {self.url}",
         )
 
@@ -230,30 +217,29 @@ class MCPConnection:
         meta: Mapping[str, Any] | None = None,
     ) -> concurrent.futures.Future[ToolResult]:
         """Start a call and return its future at once; ``future.cancel()`` cancels the call."""
-        return runtime.submit(
+        return runtime.current().submit(
             functools.partial(self.acall_tool, name, arguments, timeout_s=timeout_s, meta=meta),
             name=f"call {name} at {self.url}",
         )
 
     def list_resources(self) -> list[Resource]:
         """The endpoint's resources (all pages; ``[]`` if it serves none)."""
-        return runtime.call(self.alist_resources, timeout=self._read_only_watchdog_s(),
-                            name=f"list resources at {self.url}")
+        return runtime.current().call(self.alist_resources,
+                                      name=f"list resources at {self.url}")
 
     def list_resource_templates(self) -> list[ResourceTemplate]:
         """The endpoint's resource templates (all pages; ``[]`` if it serves none)."""
-        return runtime.call(self.alist_resource_templates, timeout=self._read_only_watchdog_s(),
-                            name=f"list resource templates at {self.url}")
+        return runtime.current().call(self.alist_resource_templates,
+                                      name=f"list resource templates at {self.url}")
 
     def read_resource(self, uri: str) -> tuple[ResourceBlock, ...]:
         """The contents of resource ``uri`` (one `ResourceBlock` per item the server sent).
 
         Raises `fleetenv.mcp.resources.ResourceError` when the server answers with an
-        error (e.g. no such resource), `DeadlineExceeded` after ``call_timeout_s``.
+        error (e.g. no such resource), `DeadlineExceeded` after ``read_timeout_s``.
         """
-        return runtime.call(functools.partial(self.aread_resource, uri),
-                            timeout=self._read_only_watchdog_s(),
-                            name=f"read {uri} at {self.url}")
+        return runtime.current().call(functools.partial(self.aread_resource, uri),
+                                      name=f"read {uri} at {self.url}")
 
     def close(self) -> None:
         """Terminate the session (HTTP DELETE) and stop its owner task. Idempotent.
@@ -263,10 +249,10 @@ class MCPConnection:
         if self._closed or self._live is None:
             self._closed = True
             return
-        if self._generation != runtime.generation():
+        if self._generation != runtime.current().generation:
             self._closed = True
             return
-        runtime.call(self.aclose, timeout=self.close_timeout_s + _BACKSTOP_S, name="close")
+        runtime.current().call(self.aclose, name="close")
 
     def __enter__(self) -> MCPConnection:
         return self
@@ -284,6 +270,7 @@ class MCPConnection:
     @on_fleetenv_loop
     async def alist_tools(self, *, refresh: bool = False) -> list[Tool]:
         """Coroutine twin of `list_tools`: reconnects (bounded) if the session was lost."""
+        import anyio
 
         async def attempt() -> list[Tool]:
             live, fresh = await self._ensure_live_fresh()
@@ -293,19 +280,20 @@ class MCPConnection:
                 return list(self._tools)
             version = self.tools_version
             try:
-                raw = await _list_all(live.session)
+                with anyio.fail_after(self.read_timeout_s):
+                    raw = await _list_all(live.session)
             except Exception as exc:
                 if failures.session_lost(exc) or live.watch.gone is not None:
                     self._mark_lost(live, live.watch.gone or exc)  # the next attempt reconnects
                     raise failures.SessionGone(live.watch.gone or repr(exc)) from exc
                 failures.listing_failed(exc, what="listing tools", endpoint=self.url,
-                                        timeout_s=self.call_timeout_s)
+                                        timeout_s=self.read_timeout_s)
             self._tools = [Tool.from_mcp(tool, self.url) for tool in raw]
             self._listed_version = version
             return list(self._tools)
 
         # Same pacing as session setup; each attempt is bounded by the setup budget and
-        # call_timeout_s, so only the number of attempts needs a limit. Setup failures
+        # read_timeout_s, so only the number of attempts needs a limit. Setup failures
         # are not retried here again: the setup policy already did.
         policy = self.retry.with_budget(None, max_attempts=self.list_attempts)
         return await policy.acall(
@@ -352,18 +340,15 @@ class MCPConnection:
     @on_fleetenv_loop
     async def aclose(self) -> None:
         """Coroutine twin of `close`."""
-        import anyio
-
         if self._closed:
             return
         self._closed = True
         _open.discard(self)
         live, self._live = self._live, None
-        if live is None or self._generation != runtime.generation():
+        if live is None or self._generation != runtime.current().generation:
             return
         live.stop.set()
-        with anyio.move_on_after(self.close_timeout_s + 1.0):
-            await live.dead.wait()
+        await live.dead.wait()  # the owner's unwinding is bounded by close_timeout_s
 
     @on_fleetenv_loop
     async def alist_resources(self) -> list[Resource]:
@@ -393,7 +378,7 @@ class MCPConnection:
 
     def _check_usable(self) -> None:
         if self._generation is not None:
-            runtime.check_generation(self._generation, f"MCP connection to {self.url}")
+            runtime.current().check_generation(self._generation, f"MCP connection to {self.url}")
         if self._closed:
             raise FleetEnvError(
                 "this MCP connection is closed",
@@ -428,7 +413,7 @@ class MCPConnection:
                 live.stop.set()
                 self._check_usable()
             if self._generation is None:
-                self._generation = runtime.generation()
+                self._generation = runtime.current().generation
             self._live = live
             self._tools = [Tool.from_mcp(tool, self.url) for tool in live.raw_tools]
             _open.add(self)
@@ -457,7 +442,7 @@ class MCPConnection:
                 self._check_usable()
                 timeout_s = deadline.cap(self.connect_timeout_s)
                 cut_short = timeout_s < self.connect_timeout_s
-                live: _Live = await runtime.start_service(
+                live: _Live = await runtime.current().start_service(
                     self._own, timeout_s, name=f"mcp-session {self.url}"
                 )
             return live
@@ -496,10 +481,13 @@ class MCPConnection:
             # ends while task groups entered inside it are still open breaks anyio.
             with anyio.fail_after(timeout_s) as scope:
                 async with AsyncExitStack() as stack:
+                    # The HTTP read timeout is the transport's bound on a silent stream
+                    # (the session's GET stream), set above every deadline of a request
+                    # so that it never cuts one short: not a second timer of a call.
                     client = await http.connection_client(
                         headers=self._headers,
                         connect_timeout_s=timeout_s,
-                        read_timeout_s=max(300.0, self.call_timeout_s + 30.0),
+                        read_timeout_s=max(300.0, self.call_timeout_s, self.read_timeout_s),
                         on_response=statuses,
                         watch=watch,
                         max_reply_bytes=_reply_limit(),
@@ -510,8 +498,7 @@ class MCPConnection:
                                                       max_message_bytes=MAX_MESSAGE_BYTES)
                     )
                     session = await stack.enter_async_context(
-                        ClientSession(read, write, read_timeout_seconds=self.call_timeout_s,
-                                      message_handler=self._on_message)
+                        ClientSession(read, write, message_handler=self._on_message)
                     )
                     await session.initialize()
                     raw_tools = await _list_all(session)
@@ -549,19 +536,23 @@ class MCPConnection:
         timeout_s: float | None,
         meta: dict[str, Any],
     ) -> ToolResult:
+        import anyio
+
         effective = self.call_timeout_s if timeout_s is None else timeout_s
         # A progress token only when someone listens: it costs the server a notification
         # per step, and the plain call stays the fast path.
         on_progress = (None if self.on_notification is None else
                        notifications.progress_relay(self.on_notification, self.url, name))
         try:
-            result = await live.session.call_tool(
-                name,
-                arguments,
-                read_timeout_seconds=effective,
-                progress_callback=cast("ProgressFnT | None", on_progress),
-                meta=cast("RequestParamsMeta", meta),  # an open map: any JSON keys
-            )
+            # The call's one deadline: cancelling the request at it tells the server
+            # (notifications/cancelled), and the session survives.
+            with anyio.fail_after(effective):
+                result = await live.session.call_tool(
+                    name,
+                    arguments,
+                    progress_callback=cast("ProgressFnT | None", on_progress),
+                    meta=cast("RequestParamsMeta", meta),  # an open map: any JSON keys
+                )
         except Exception as exc:
             turned_away = live.watch.turned_away(meta.get(CALL_ID_META_KEY))
             if turned_away is not None:
@@ -584,7 +575,7 @@ class MCPConnection:
         uri: str | None = None,
         empty: Callable[[], _T] | None = None,
     ) -> _T:
-        """Run a read-only ``request`` on the session, bounded by ``call_timeout_s``.
+        """Run a read-only ``request`` on the session, bounded by ``read_timeout_s``.
 
         Like listing tools, it is repeated (bounded, paced as setup) on a new session when
         the session was lost, since reading twice has no effect. ``empty`` is the answer
@@ -595,7 +586,7 @@ class MCPConnection:
         async def attempt() -> _T:
             live = await self._ensure_live()
             try:
-                with anyio.fail_after(self.call_timeout_s):
+                with anyio.fail_after(self.read_timeout_s):
                     return await request(live.session)
             except Exception as exc:
                 if failures.session_lost(exc) or live.watch.gone is not None:
@@ -604,7 +595,7 @@ class MCPConnection:
                 if empty is not None and resources.is_not_implemented(exc):
                     return empty()
                 failure = resources.request_failed(exc, doing=doing, endpoint=self.url,
-                                                   timeout_s=self.call_timeout_s, uri=uri)
+                                                   timeout_s=self.read_timeout_s, uri=uri)
                 if failure is exc:
                     raise
                 raise failure from exc
@@ -630,23 +621,6 @@ class MCPConnection:
             self.tools_version += 1  # the cached list is stale from now on
         if self.on_notification is not None:
             notifications.deliver(self.on_notification, notification)
-
-    # ------------------------------------------------------------------ bounds
-
-    def _read_only_watchdog_s(self) -> float | None:
-        n = self.list_attempts
-        return self._watchdog_s(opens=n, calls=n, pauses=n - 1)
-
-    def _watchdog_s(
-        self, *, opens: int, calls: int = 0, pauses: int = 0, call_s: float | None = None
-    ) -> float | None:
-        """The blocking API's backstop for ``opens`` session setups, ``calls`` requests
-        and ``pauses`` retry pauses (``None`` when setup retries are unbounded)."""
-        setup_s = self.setup_budget_s
-        if setup_s is None:
-            return None
-        per_call = self.call_timeout_s if call_s is None else call_s
-        return opens * setup_s + calls * per_call + pauses * self.retry.cap_s + _BACKSTOP_S
 
 
 def _reply_limit() -> int:
@@ -676,8 +650,8 @@ def _import_dependencies() -> None:
 
 
 async def _load_dependencies() -> None:
-    """Import mcp, httpx2 and what mcp imports lazily (about half a second of CPU) in a
-    short-lived thread: an import on the loop thread would stall every other session.
+    """Import mcp, httpx2 and what mcp imports lazily (about half a second of CPU) on
+    the runtime's pool: an import on the loop thread would stall every other session.
     Concurrent first connections share that one import."""
     import asyncio
 
@@ -685,8 +659,7 @@ async def _load_dependencies() -> None:
     if _dependencies_loaded:
         return
     if _loading is None or _loading.get_loop() is not asyncio.get_running_loop():
-        _loading = asyncio.ensure_future(
-            runtime.in_short_thread(_import_dependencies, name="fleetenv-import"))
+        _loading = asyncio.ensure_future(runtime.current().run_blocking(_import_dependencies))
     await asyncio.shield(_loading)
 
 
@@ -713,10 +686,10 @@ async def _list_all(session: ClientSession) -> list[Any]:
 
 def _close_all_at_shutdown() -> None:
     """Shutdown hook: close every open session of this runtime (and with it its pool)."""
-    current = runtime.generation()
+    current = runtime.current().generation
     if not any(c._generation == current for c in list(_open)):
         return  # nothing of this process to close; do not start a loop just for that
-    runtime.call(_aclose_all, timeout=_BACKSTOP_S * 2, name="close MCP sessions")
+    runtime.current().call(_aclose_all, name="close MCP sessions")
 
 
 async def _aclose_all() -> None:

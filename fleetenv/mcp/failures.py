@@ -64,7 +64,6 @@ __all__ = [
 # JSON-RPC error codes the MCP client uses for transport conditions (mcp_types.jsonrpc).
 PARSE_ERROR = -32700
 CONNECTION_CLOSED = -32000
-REQUEST_TIMEOUT = -32001
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
 # Messages the client gives an HTTP 404 on a request that carried a session id.
@@ -320,15 +319,16 @@ def _is_session_gone(leaf: BaseException) -> bool:
 
 def listing_failed(exc: Exception, *, what: str, endpoint: str, timeout_s: float) -> NoReturn:
     """Raise the typed error for a read-only request (``what``) that failed with ``exc``
-    on a session that is still there: never a bare ``MCPError``."""
+    (``TimeoutError``: its deadline passed) on a session that is still there: never a
+    bare ``MCPError``."""
     from mcp import MCPError
 
+    if isinstance(exc, TimeoutError):
+        raise DeadlineExceeded(
+            f"{what} got no answer within {timeout_s:g} s", endpoint=endpoint,
+            hint="the server may be overloaded; retry later or raise the read timeout",
+        ) from exc
     if isinstance(exc, MCPError):
-        if exc.code == REQUEST_TIMEOUT:
-            raise DeadlineExceeded(
-                f"{what} got no answer within {timeout_s:g} s", endpoint=endpoint,
-                hint="the server may be overloaded; retry later or raise call_timeout_s",
-            ) from exc
         detail = over_limit(exc) or f"the server answered MCP error {exc.code}: {exc.message}"
         raise ToolError(
             f"{what} failed: {detail}",
@@ -346,22 +346,23 @@ def call_failed(exc: Exception, *, tool: str, endpoint: str, timeout_s: float) -
 
     Returns an error `ToolResult` when the server answered (the agent sees it like any
     tool error). Raises `NeverSent` when the request provably did not reach the tool,
-    `DeadlineExceeded` when no answer came in time (the session survives), and
-    `ToolCallMayHaveRunError` when the request may have run. Anything else is re-raised.
+    `DeadlineExceeded` when no answer came before its deadline (``TimeoutError``; the
+    session survives), and `ToolCallMayHaveRunError` when the request may have run.
+    Anything else is re-raised.
     """
     import anyio
     from mcp import MCPError
 
+    if isinstance(exc, TimeoutError):
+        raise DeadlineExceeded(
+            f"tool call got no answer within {timeout_s:g} s",
+            tool=tool,
+            endpoint=endpoint,
+            hint="the tool may still have run: check the environment state before "
+            "calling it again, or pass a larger timeout_s",
+        ) from exc
     if isinstance(exc, MCPError):
         code, message = exc.code, exc.message
-        if code == REQUEST_TIMEOUT:
-            raise DeadlineExceeded(
-                f"tool call got no answer within {timeout_s:g} s",
-                tool=tool,
-                endpoint=endpoint,
-                hint="the tool may still have run: check the environment state before "
-                "calling it again, or pass a larger timeout_s",
-            ) from exc
         over = over_limit(exc)
         if over is not None:  # the tool ran; its answer was not read
             return ToolResult.error(f"the result of {tool!r} was not read: {over}. "

@@ -54,6 +54,9 @@ _ssl_context: ssl.SSLContext | None = None
 _ssl_generation = -1
 _ssl_building: tuple[int, asyncio.Future[ssl.SSLContext]] | None = None
 
+# The transport's own bounds, for its background work that no operation waits for any
+# more (a request body still being written, a reply nobody reads): every request a
+# caller waits for is bounded by its operation's deadline, on the loop.
 _WRITE_TIMEOUT_S = 30.0
 _POOL_TIMEOUT_S = 30.0
 _KEEPALIVE_PER_CONNECTION = 8
@@ -71,16 +74,15 @@ def _build_ssl_context() -> ssl.SSLContext:
 
 async def _shared_ssl_context() -> ssl.SSLContext:
     global _ssl_context, _ssl_generation, _ssl_building
-    generation = runtime.generation()
+    generation = runtime.current().generation
     if _ssl_context is not None and _ssl_generation == generation:
         return _ssl_context
     if _ssl_building is None or _ssl_building[0] != generation:
-        # Loading the CA bundle takes tens of ms of CPU: do it in a short-lived thread so
+        # Loading the CA bundle takes tens of ms of CPU: do it on the runtime's pool so
         # the loop keeps serving other sessions meanwhile, once: every session that
-        # starts before it is done awaits the same build (a burst of first connections
-        # used to start a thread each).
+        # starts before it is done awaits the same build.
         _ssl_building = (generation, asyncio.ensure_future(
-            runtime.in_short_thread(_build_ssl_context, name="fleetenv-ssl")))
+            runtime.current().run_blocking(_build_ssl_context)))
     building = _ssl_building
     try:
         built = await asyncio.shield(building[1])  # a cancelled waiter leaves it to others
@@ -233,8 +235,8 @@ async def handshake_slot(endpoint: str, deadline: Deadline) -> AsyncIterator[Non
 
     global _limiter, _limiter_generation
     limit = handshake_limit()
-    if _limiter is None or _limiter_generation != runtime.generation():
-        _limiter, _limiter_generation = anyio.CapacityLimiter(limit), runtime.generation()
+    if _limiter is None or _limiter_generation != runtime.current().generation:
+        _limiter, _limiter_generation = anyio.CapacityLimiter(limit), runtime.current().generation
     elif _limiter.total_tokens != limit:
         _limiter.total_tokens = limit
     limiter = _limiter

@@ -44,7 +44,6 @@ MAX_LIST_PAGES = 1000
 # JSON-RPC codes: the server does not implement the method / resource not found (MCP).
 _METHOD_NOT_FOUND = -32601
 _RESOURCE_NOT_FOUND = -32002
-_REQUEST_TIMEOUT = -32001
 
 
 def _meta(model: Any) -> dict[str, Any] | None:
@@ -207,12 +206,9 @@ def request_failed(
 
     if isinstance(exc, TimeoutError):
         return DeadlineExceeded(f"{doing} got no answer within {timeout_s:g} s",
-                                endpoint=endpoint, uri=uri, hint="pass a larger call_timeout_s")
+                                endpoint=endpoint, uri=uri, hint="pass a larger read_timeout_s")
     if not isinstance(exc, MCPError):
         return exc
-    if exc.code == _REQUEST_TIMEOUT:
-        return DeadlineExceeded(f"{doing} got no answer within {timeout_s:g} s",
-                                endpoint=endpoint, uri=uri, hint="pass a larger call_timeout_s")
     if exc.code == _RESOURCE_NOT_FOUND:
         hint = "list_resources() and list_resource_templates() show what this server has"
     elif exc.code == _METHOD_NOT_FOUND:

@@ -29,7 +29,7 @@ from fleetenv.mcp.connection import MCPConnection
 from fleetenv.mcp.notifications import NotificationCallback
 from fleetenv.mcp.resources import Resource, ResourceError, ResourceTemplate
 from fleetenv.mcp.tools import Tool
-from fleetenv.runtime.loop import on_fleetenv_loop
+from fleetenv.runtime import on_fleetenv_loop
 
 if TYPE_CHECKING:
     import anyio
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["MODALITIES", "Endpoint", "ToolRouter", "endpoints_for"]
 
 MODALITIES = ("tool_use", "computer_use", "browser_use")
-
-_BACKSTOP_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -103,8 +101,9 @@ class ToolRouter:
 
     Blocking methods may be called from any thread but the fleetenv loop; ``a``-prefixed
     coroutines may be awaited on any event loop. Opens on first use; `close` closes every
-    connection (also on context-manager exit). ``connect_timeout_s``, ``call_timeout_s``
-    and ``retry`` (session setup) go to every `MCPConnection`, and so does
+    connection (also on context-manager exit). ``connect_timeout_s``, ``call_timeout_s``,
+    ``read_timeout_s`` and ``retry`` (session setup) go to every `MCPConnection` (each
+    operation's one deadline is enforced there), and so does
     ``on_notification`` (each notification names its endpoint). When a server says its
     tools changed, ``tools_version`` goes up and `refresh_tools` routes the new list.
     """
@@ -115,20 +114,20 @@ class ToolRouter:
         *,
         connect_timeout_s: float = 10.0,
         call_timeout_s: float = 60.0,
+        read_timeout_s: float = 60.0,
         retry: RetryPolicy | None = None,
         on_notification: NotificationCallback | None = None,
     ) -> None:
         if not endpoints:
             raise ConfigurationError("a ToolRouter needs at least one endpoint")
         self.endpoints = tuple(endpoints)
-        self.connect_timeout_s = connect_timeout_s
-        self.call_timeout_s = call_timeout_s
         self._connections: dict[str, MCPConnection] = {
             endpoint.url: MCPConnection(
                 endpoint.url,
                 headers=endpoint.headers,
                 connect_timeout_s=connect_timeout_s,
                 call_timeout_s=call_timeout_s,
+                read_timeout_s=read_timeout_s,
                 retry=retry,
                 on_notification=on_notification,
             )
@@ -184,9 +183,7 @@ class ToolRouter:
 
     def open(self) -> ToolRouter:
         """Open every endpoint and build the routing table."""
-        setup_s = self._setup_budget_s()
-        bound = None if setup_s is None else setup_s * 3 + self.call_timeout_s + _BACKSTOP_S
-        runtime.call(self.aopen, timeout=bound, name="open tool router")
+        runtime.current().call(self.aopen, name="open tool router")
         return self
 
     def list_tools(self) -> list[Tool]:
@@ -204,12 +201,8 @@ class ToolRouter:
     ) -> ToolResult:
         """Call tool ``name`` on the endpoint that owns it."""
         arguments = require_object(name, arguments)  # ToolArgumentsError, in the caller
-        per_call = self.call_timeout_s if timeout_s is None else timeout_s
-        setup_s = self._setup_budget_s()
-        bound = None if setup_s is None else setup_s * 5 + per_call * 2 + _BACKSTOP_S
-        return runtime.call(
+        return runtime.current().call(
             functools.partial(self.acall, name, arguments, timeout_s=timeout_s, meta=meta),
-            timeout=bound,
             name=f"call {name}",
         )
 
@@ -223,7 +216,7 @@ class ToolRouter:
     ) -> concurrent.futures.Future[ToolResult]:
         """Start a call and return its future at once."""
         arguments = require_object(name, arguments)  # ToolArgumentsError, in the caller
-        return runtime.submit(
+        return runtime.current().submit(
             functools.partial(self.acall, name, arguments, timeout_s=timeout_s, meta=meta),
             name=f"call {name}",
         )
@@ -231,23 +224,22 @@ class ToolRouter:
     def refresh_tools(self, *, force: bool = False) -> list[Tool]:
         """List again the endpoints whose tools changed (every endpoint if ``force``) and
         route the new lists; returns `tools`."""
-        return runtime.call(functools.partial(self.arefresh_tools, force=force),
-                            timeout=self._read_only_bound_s(), name="refresh tools")
+        return runtime.current().call(functools.partial(self.arefresh_tools, force=force),
+                                      name="refresh tools")
 
     def list_resources(self) -> list[Resource]:
         """The resources of every endpoint, in endpoint order (each names its endpoint)."""
-        return runtime.call(self.alist_resources, timeout=self._read_only_bound_s(),
-                            name="list resources")
+        return runtime.current().call(self.alist_resources, name="list resources")
 
     def list_resource_templates(self) -> list[ResourceTemplate]:
         """The resource templates of every endpoint, in endpoint order."""
-        return runtime.call(self.alist_resource_templates, timeout=self._read_only_bound_s(),
-                            name="list resource templates")
+        return runtime.current().call(self.alist_resource_templates,
+                                      name="list resource templates")
 
     def read_resource(self, uri: str, *, endpoint: str | None = None) -> tuple[ResourceBlock, ...]:
         """Read ``uri`` from ``endpoint``, or else from the first endpoint that serves it."""
-        return runtime.call(functools.partial(self.aread_resource, uri, endpoint=endpoint),
-                            timeout=self._read_only_bound_s(), name=f"read {uri}")
+        return runtime.current().call(
+            functools.partial(self.aread_resource, uri, endpoint=endpoint), name=f"read {uri}")
 
     def close(self) -> None:
         """Close every connection. Idempotent."""
@@ -393,11 +385,6 @@ class ToolRouter:
 
     # ------------------------------------------------------------------ internals
 
-    def _setup_budget_s(self) -> float | None:
-        """The longest any endpoint's session setup may take (``None``: unbounded)."""
-        budgets = [connection.setup_budget_s for connection in self._connections.values()]
-        return None if None in budgets else max(b for b in budgets if b is not None)
-
     def _serving(self, outcomes: Mapping[str, Exception | None]) -> bool:
         """True when an endpoint opened so far lists at least one tool."""
         return any(error is None and self._connections[url]._tools
@@ -447,15 +434,6 @@ class ToolRouter:
                     owners[tool.name] = connection
                     tools.append(tool)
         self._owners, self._tools = owners, tools
-
-    def _read_only_bound_s(self) -> float | None:
-        """Backstop of the blocking read-only calls: each endpoint may reconnect (bounded)."""
-        setup_s = self._setup_budget_s()
-        if setup_s is None:
-            return None
-        per_endpoint = max(c.list_attempts for c in self._connections.values()) * (
-            setup_s + self.call_timeout_s)
-        return setup_s * 3 + per_endpoint * len(self._connections) + _BACKSTOP_S
 
     def _owner(self, name: str) -> MCPConnection:
         connection = self._owners.get(name)

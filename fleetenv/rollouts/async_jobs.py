@@ -2,8 +2,8 @@
 
 Each rollout is a task on the ``fleetenv-loop`` thread (no thread per episode): MCP work
 is awaited there directly; the blocking parts of an episode (provisioning, verification,
-deletion, through fleet-python) run on a small pool this runner owns; a sync policy runs
-on another small pool, an async or scripted one on the loop (see ``async_rollout``).
+deletion, through fleet-python) and a sync policy run on the runtime's bounded pool, an
+async or scripted policy on the loop (see ``async_rollout``).
 
 To the Runner it looks like an executor: :meth:`LoopEpisodes.start` returns a
 ``concurrent.futures.Future`` that stays *pending* while the rollout waits for one of
@@ -13,33 +13,27 @@ cancels a queued job), turns *running* when it starts, and resolves to its
 
 Running places are ``min(workers, max_live_instances)``: a running episode holds at
 most one instance, so provisioning never waits for a live-instance slot while holding a
-pool thread that another episode needs to delete its instance (which could deadlock a
-bounded pool).
+pool thread that another episode needs to delete its instance (which could deadlock the
+bounded pool). Each running episode uses at most one pool thread at a time; episodes
+beyond the pool's bound queue for a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
+from fleetenv import runtime
 from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.types import RolloutResult, StopReason
-from fleetenv.env.driver import blocking_executor
 from fleetenv.fleet.session import Session
 from fleetenv.rollouts.async_rollout import run_episode_async
 from fleetenv.rollouts.jobs import RolloutJob, blame_cancellation, failed_result
 from fleetenv.rollouts.rollout import CancelToken
-from fleetenv.runtime import loop as runtime
 
 __all__ = ["LoopEpisodes"]
-
-#: Threads for the blocking parts of episodes beyond the creation cap (verification,
-#: deletion, liveness checks run while creates hold their threads).
-_EXTRA_BLOCKING_THREADS = 8
-#: At most this many threads run sync policies.
-_MAX_POLICY_THREADS = 32
 
 
 class LoopEpisodes:
@@ -49,17 +43,9 @@ class LoopEpisodes:
                  cancel: CancelToken) -> None:
         config = session.config
         self.running_places = max(1, min(workers, config.max_live_instances))
-        self.blocking_threads = max(1, min(self.running_places,
-                                           config.max_creating_instances
-                                           + _EXTRA_BLOCKING_THREADS))
-        self.policy_threads = max(1, min(_MAX_POLICY_THREADS, workers))
         self._session = session
         self._events = events
         self._cancel = cancel
-        self._blocking = ThreadPoolExecutor(self.blocking_threads,
-                                            thread_name_prefix="fleetenv-episode-io")
-        self._policies = ThreadPoolExecutor(self.policy_threads,
-                                            thread_name_prefix="fleetenv-episode-policy")
         self._gate: asyncio.Semaphore | None = None
         self._gate_generation = -1
         self._tasks: set[Future[None]] = set()
@@ -67,7 +53,7 @@ class LoopEpisodes:
     def start(self, job: RolloutJob) -> Future[RolloutResult]:
         """Schedule ``job`` on the loop; see the module docstring for the future's states."""
         outcome: Future[RolloutResult] = Future()
-        task = runtime.submit(self._run, job, outcome,
+        task = runtime.current().submit(self._run, job, outcome,
                               name=f"fleetenv-rollout {job.task.key}#{job.sample}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -75,9 +61,9 @@ class LoopEpisodes:
 
     def _running_gate(self) -> asyncio.Semaphore:
         """Created on the loop, once per runtime (a new loop after shutdown or fork)."""
-        if self._gate is None or self._gate_generation != runtime.generation():
+        if self._gate is None or self._gate_generation != runtime.current().generation:
             self._gate = asyncio.Semaphore(self.running_places)
-            self._gate_generation = runtime.generation()
+            self._gate_generation = runtime.current().generation
         return self._gate
 
     async def _run(self, job: RolloutJob, outcome: Future[RolloutResult]) -> None:
@@ -108,25 +94,18 @@ class LoopEpisodes:
                                                        "rollout started"),
                                  stop_reason=StopReason.CANCELLED)
         settings = job.settings
-        token = blocking_executor.set(self._blocking)
-        try:
-            result = await run_episode_async(
-                job.task, job.policy, session=self._session, sample=job.sample,
-                events=self._events, options=settings.options,
-                system_prompt=settings.system_prompt, cancel=cancel,
-                policy_executor=self._policies)
-        finally:
-            blocking_executor.reset(token)
+        result = await run_episode_async(
+            job.task, job.policy, session=self._session, sample=job.sample,
+            events=self._events, options=settings.options,
+            system_prompt=settings.system_prompt, cancel=cancel)
         if cancel.is_set():
             blame_cancellation(result)
         return result
 
     def stop(self, *, wait: bool) -> None:
         """Cancel the loop tasks still there (only after the runner gave up waiting for
-        them), then shut the pools down."""
+        them)."""
         if not wait:
             for task in list(self._tasks):
                 task.cancel()
             concurrent.futures.wait(list(self._tasks), timeout=5)
-        self._blocking.shutdown(wait=wait, cancel_futures=True)
-        self._policies.shutdown(wait=wait, cancel_futures=True)

@@ -13,20 +13,19 @@ Policies:
   a coroutine function) is awaited where the episode runs;
 * a built-in scripted policy (``"reference"``, ``ScriptedPolicy``) only looks up its next
   call, so it is called inline;
-* any other sync policy (a model client that blocks on HTTP, a function) runs on a
-  thread pool (``policy_executor``, else a shared one), so it never blocks a loop.
+* any other sync policy (a model client that blocks on HTTP, a function) runs on the
+  runtime's pool, so it never blocks a loop.
 """
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 import time
-from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from fleetenv import runtime
 from fleetenv.core.config import FleetConfig
 from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
@@ -43,25 +42,12 @@ from fleetenv.rollouts.policy import (
 )
 from fleetenv.rollouts.policy_spec import PolicySpec, as_policy, parse_policy_spec
 from fleetenv.rollouts.rollout import CancelToken, Episode
-from fleetenv.runtime import loop as runtime
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.env.options import EpisodeOptions
     from fleetenv.fleet.session import Session
 
 __all__ = ["is_async_policy", "run_episode_async", "runs_on_loop"]
-
-_POLICY_POOL: ThreadPoolExecutor | None = None
-#: Threads for sync policies of `run_episode_async` calls that bring no executor.
-_POLICY_THREADS = 32
-
-
-def _policy_pool() -> ThreadPoolExecutor:
-    global _POLICY_POOL
-    if _POLICY_POOL is None:
-        _POLICY_POOL = ThreadPoolExecutor(_POLICY_THREADS, thread_name_prefix="fleetenv-policy")
-    return _POLICY_POOL
-
 
 def is_async_policy(policy: object) -> bool:
     """A coroutine function of the context, or an object whose ``act`` is one."""
@@ -84,8 +70,7 @@ def runs_on_loop(policy: object) -> bool:
 class _Actor:
     """One way to ask the policy for its next reply, chosen once per episode."""
 
-    def __init__(self, policy: object, executor: Executor | None) -> None:
-        self.executor = executor
+    def __init__(self, policy: object) -> None:
         self.inline = False
         self.fn: Any
         if is_async_policy(policy):
@@ -111,11 +96,8 @@ class _Actor:
             value = await self.fn(context)
         elif self.inline:
             value = self.fn(context)
-        else:
-            pool = self.executor or _policy_pool()
-            # The caller's context (a trace span) goes along, one copy per call.
-            value = await runtime.await_future(
-                pool.submit(contextvars.copy_context().run, self.fn, context))
+        else:  # in the caller's context (a trace span), one copy per call
+            value = await runtime.current().run_blocking(self.fn, context)
         if inspect.isawaitable(value):  # a sync callable that returned a coroutine
             value = await value
         return to_reply(value, context.task)
@@ -139,19 +121,18 @@ async def run_episode_async(
     system_prompt: str | None = None,
     cancel: CancelToken | None = None,
     run_tag: str | None = None,
-    policy_executor: Executor | None = None,
 ) -> RolloutResult:
     """Await one episode of ``policy`` on ``task``; the awaitable twin of
     :func:`~fleetenv.run_episode` (same arguments, same result record).
 
-    ``policy`` may also be async (see the module docstring). ``policy_executor`` runs a
-    sync policy (default: a shared pool of 32 threads). Never raises for a broken
+    ``policy`` may also be async (see the module docstring); a sync one runs on the
+    runtime's pool. Never raises for a broken
     episode; cancelling the awaiting task closes the env (ungraded) and re-raises.
     """
     episode = Episode(task, sample, system_prompt)
     env: FleetEnv | None = None
     try:
-        actor = _Actor(policy, policy_executor)
+        actor = _Actor(policy)
         episode.result.policy = actor.label
         env = episode.make_env(session=session, config=config, events=events,
                                options=options, max_steps=max_steps, run_tag=run_tag)

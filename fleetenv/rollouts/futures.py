@@ -4,7 +4,7 @@
 ``concurrent.futures.Future`` (so ``.result()``, ``concurrent.futures.wait`` and
 ``as_completed`` keep working), which an asyncio or trio coroutine may also ``await``
 (or ``await fut.result_async(timeout=...)``). Awaiting parks no thread: the caller's loop
-is woken by a done-callback (:func:`fleetenv.runtime.loop.await_future`).
+is woken by a done-callback (:func:`fleetenv.runtime.await_future`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import concurrent.futures
 from collections.abc import Generator
 from typing import Any, TypeVar
 
-from fleetenv.runtime import loop as runtime
+from fleetenv import runtime
 
 __all__ = ["AwaitableFuture"]
 

@@ -47,7 +47,7 @@ class ScriptedHarness:
             fields["modality"] = modality
         policy = ScriptedPolicy.reference() if model == "reference" else ScriptedPolicy([])
         with Session(api_key=token, base_url=base_url,
-                     provision_budget_s=HARNESS_PROVISION_BUDGET_S) as session:
+                     timeouts={"provision": HARNESS_PROVISION_BUDGET_S}) as session:
             result = run_episode(Task(**fields), policy, session=session,
                                  max_steps=max_steps, cancel=self._cancel)
         if result.error is not None:

@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from fleetenv import runtime
 from fleetenv.core.config import FleetConfig
 from fleetenv.core.errors import (
     ConfigurationError,
@@ -196,7 +197,7 @@ class RayRunner:
         self._cancelled = False
         self._closed = False
         self._progress = Progress(enabled=progress)
-        self._sweepers: list[threading.Thread] = []
+        self._sweepers: list[Future[list[str]]] = []
         self._tags: list[str] = []
         self._workers: list[_Worker] = []
         self._next_index = 0
@@ -306,11 +307,9 @@ class RayRunner:
         logger.warning("Ray worker %d died; deleting the instances tagged %s",
                        worker.index, worker.tag)
         # Not on Ray's callback thread: a sweep is HTTP requests.
-        sweeper = threading.Thread(target=self._sweep, args=([worker.tag],),
-                                   name=f"fleetenv-ray-sweep-{worker.index}")
+        sweeper = runtime.current().submit_blocking(self._sweep, [worker.tag])
         with self._lock:
             self._sweepers.append(sweeper)
-        sweeper.start()
 
     # ------------------------------------------------------------------ submitting
 
@@ -611,8 +610,7 @@ class RayRunner:
         self._control([a.shutdown.remote() for a in alive], "shutdown")
         for worker in workers:
             self._ray.kill(worker.actor)
-        for sweeper in sweepers:
-            sweeper.join(timeout=_CONTROL_TIMEOUT_S)
+        concurrent.futures.wait(sweepers, timeout=_CONTROL_TIMEOUT_S)
         # Every episode is over: anything still tagged is a leftover (an uncertain
         # create, a worker killed while creating).
         self._sweep(self.run_tags)
@@ -632,7 +630,7 @@ class RayRunner:
     def _longest_episode_s(self) -> float:
         config = self.config
         longest = max(config.episode_deadline_for(m) for m in Modality)
-        return config.provision_budget_s + longest + config.verifier_timeout_s
+        return config.timeouts.provision + longest + config.timeouts.verify
 
     def __enter__(self) -> RayRunner:
         return self

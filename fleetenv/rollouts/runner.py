@@ -129,8 +129,7 @@ from fleetenv.rollouts.jobs import (
 from fleetenv.rollouts.policy_spec import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
 from fleetenv.rollouts.rollout import CancelToken
-from fleetenv.rollouts.runner_async import in_thread, iterate_async, take_slot_async
-from fleetenv.runtime.loop import await_future
+from fleetenv.rollouts.runner_async import iterate_async, on_pool, take_slot_async
 
 __all__ = ["MODES", "PolicyLike", "Runner"]
 
@@ -325,14 +324,13 @@ class Runner:
         return iterate_async(self, *self._plan(tasks, policy, samples_per_task))
 
     async def cancel_async(self) -> None:
-        """`cancel` for async code (its control-plane calls run in a one-off thread)."""
-        await await_future(in_thread(self.cancel, "fleetenv-runner-cancel"))
+        """`cancel` for async code (its control-plane calls run on the runtime's pool)."""
+        await on_pool(self.cancel)
 
     async def close_async(self, timeout_s: float | None = None) -> None:
         """`close` for async code: waits for running rollouts without blocking the
-        caller's loop (in a one-off thread)."""
-        await await_future(in_thread(lambda: self.close(timeout_s),
-                                     "fleetenv-runner-close"))
+        caller's loop (on the runtime's pool)."""
+        await on_pool(lambda: self.close(timeout_s))
 
     async def __aenter__(self) -> Runner:
         return self
@@ -635,7 +633,7 @@ class Runner:
     def _longest_episode_s(self) -> float:
         config = self.config
         longest = max(config.episode_deadline_for(m) for m in Modality)
-        return config.provision_budget_s + longest + config.verifier_timeout_s
+        return config.timeouts.provision + longest + config.timeouts.verify
 
     def __enter__(self) -> Runner:
         return self

@@ -3,9 +3,9 @@
 An async trainer (asyncio or trio) awaits ``Runner.submit_async`` / ``run_async``; its
 loop stays free while rollouts run, and no thread is parked per call: waiting for a free
 slot or the next result is a done-callback on the rollouts' futures that wakes the
-caller's loop (:func:`fleetenv.runtime.loop.await_future`). Only ``close_async`` /
-``cancel_async`` (once per runner, and made of blocking control-plane calls) run in a
-one-off thread.
+caller's loop (:func:`fleetenv.runtime.await_future`). Only ``close_async`` /
+``cancel_async`` (once per runner, and made of blocking control-plane calls) take a
+thread of the runtime's pool.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
-from fleetenv.runtime import loop as runtime
+from fleetenv import runtime
+from fleetenv.rollouts.futures import _Shield
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.types import RolloutResult
     from fleetenv.rollouts.jobs import RolloutJob
     from fleetenv.rollouts.runner import Runner
 
-__all__ = ["in_thread", "iterate_async", "take_slot_async"]
+__all__ = ["iterate_async", "on_pool", "take_slot_async"]
 
 T = TypeVar("T")
 
@@ -131,18 +132,9 @@ async def iterate_async(runner: Runner, jobs: Iterator[RolloutJob],
         progress.close()
 
 
-def in_thread(fn: Callable[[], T], name: str) -> Future[T]:
-    """Run ``fn`` in a one-off thread; its future, for `await_future`."""
-    future: Future[T] = Future()
-    future.set_running_or_notify_cancel()
-
-    def target() -> None:
-        try:
-            result = fn()
-        except Exception as exc:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-
-    threading.Thread(target=target, name=name, daemon=True).start()
-    return future
+async def on_pool(fn: Callable[[], T]) -> T:
+    """Await ``fn()`` run on the runtime's pool. It runs to its end even if the awaiting
+    task is cancelled meanwhile: what it does (closing a runner) must happen."""
+    future = runtime.current().submit_blocking(fn)
+    await runtime.await_future(_Shield(future))
+    return future.result()

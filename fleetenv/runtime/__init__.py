@@ -1,38 +1,34 @@
-"""Runtime: the one background event loop, futures, deadlines, shutdown, fork safety.
+"""Runtime: the one background event loop and the one pool of blocking threads.
 
-Higher layers never create event loops; they hand coroutines to this loop:
-`call` (blocking), `submit` (a `concurrent.futures.Future`), `call_async` (from another
-asyncio loop), and `start_service` (long-lived owner tasks, awaited on the loop).
+Higher layers never create event loops or threads; they hand work to the process's
+`Runtime` (`current()`): coroutines to its loop (`call`, `submit`, `call_async`,
+`start_service`), blocking functions to its pool (`submit_blocking`, `run_blocking`).
 """
 
 from fleetenv.runtime.groups import unwrap_group
 from fleetenv.runtime.loop import (
     LOOP_THREAD_NAME,
+    MAX_POOL_THREADS,
+    POOL_THREAD_PREFIX,
+    Runtime,
     add_shutdown_hook,
-    call,
-    call_async,
-    check_generation,
-    generation,
-    in_loop_thread,
-    in_short_thread,
+    await_future,
+    current,
+    on_fleetenv_loop,
     remove_shutdown_hook,
     shutdown,
-    start_service,
-    submit,
 )
 
 __all__ = [
     "LOOP_THREAD_NAME",
+    "MAX_POOL_THREADS",
+    "POOL_THREAD_PREFIX",
+    "Runtime",
     "add_shutdown_hook",
-    "call",
-    "call_async",
-    "check_generation",
-    "generation",
-    "in_loop_thread",
-    "in_short_thread",
+    "await_future",
+    "current",
+    "on_fleetenv_loop",
     "remove_shutdown_hook",
     "shutdown",
-    "start_service",
-    "submit",
     "unwrap_group",
 ]

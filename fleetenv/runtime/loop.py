@@ -1,28 +1,35 @@
-"""The one background event loop of the process.
+"""`Runtime`: the process's one event-loop thread and its one pool of blocking threads.
 
-Every piece of async work in fleetenv (MCP sessions, their HTTP pool) lives on a single
-daemon thread named ``fleetenv-loop``, started lazily, that serves anyio's blocking portal.
-Blocking callers hand coroutines to it (`call`, `submit`); callers that run their own
-asyncio loop await it (`call_async`). There is never a loop per call or per thread, so
-loop-bound objects (httpx2 clients, MCP sessions) are created, used and closed on the
-same loop, and Ctrl-C in a caller cancels the loop-side work instead of orphaning it.
+Every piece of async work in fleetenv (MCP sessions, their HTTP clients, timers) lives on
+one daemon thread named ``fleetenv-loop``, started lazily; every blocking operation that
+must stay off a caller's event loop (fleet-python, ``requests``, a sync policy, a slow
+import) runs on one bounded pool (``fleetenv-io*``). One `Runtime` object owns both, as
+anyio's ``BlockingPortal`` owns its loop: blocking callers hand it coroutines (`call`,
+`submit`), callers on their own asyncio or trio loop await it (`call_async`,
+`run_blocking`), and any thread, a finalizer's included, may enqueue a callback
+(`call_soon`). The process's current runtime is `current()`.
 
 Lifecycle rules, each one learned the hard way (see the research notes):
 
-* The thread is fleetenv's own, not anyio's ``start_blocking_portal``: interrupted while
-  it starts, that context manager joins its thread, which serves until stopped, so one
-  Ctrl-C at the wrong millisecond hung the caller. Here the loop thread (which never
-  receives Ctrl-C) installs itself as the current loop; callers wait for it outside the
-  lock and may leave at any moment (`_Handoff`).
-* Interpreter exit runs the registered shutdown hooks (in the main thread, while the
-  loop still runs: they close sessions, delete instances), then stops the loop.
-* After ``os.fork()`` the loop thread does not exist in the child. The child gets a fresh
-  loop on first use; the parent's portal is parked, never dropped (dropping it would run
-  its finalizer against a loop nobody runs and deadlock the child). Objects created in
-  the parent remember the runtime *generation* they were made in and refuse use in the
-  child through `check_generation`.
+* The loop thread is fleetenv's own, not anyio's ``start_blocking_portal``: interrupted
+  while it starts, that context manager joins its thread, which serves until stopped, so
+  one Ctrl-C at the wrong millisecond hung the caller. Here the loop thread (which never
+  receives Ctrl-C) installs itself; callers wait for it outside the lock and may leave at
+  any moment (`_Handoff`).
+* Interpreter exit runs the registered shutdown hooks (in the main thread, while the loop
+  still runs: they close sessions, delete instances), then stops the loop; the runtime
+  that replaces it refuses to start.
+* After ``os.fork()`` neither the loop thread nor the pool's threads exist in the child.
+  The child gets a fresh runtime (a new *generation*); the parent's is parked, never
+  dropped (dropping it would run finalizers against a loop nobody runs and deadlock the
+  child). Objects made in the parent remember their generation and refuse use in the
+  child through `Runtime.check_generation`. `shutdown()` starts a new generation too.
 * Blocking work never runs on the loop thread: the blocking entry points refuse to run
   there (`LoopThreadError`) because they would wait for themselves forever.
+* A pool job may wait for the network or a cap, never for a pool job queued behind it:
+  with every thread waiting, nothing would run. Runners bound their episodes so that
+  provisioning never waits for a live-instance slot that only a queued delete would free
+  (see ``fleetenv.rollouts.async_jobs``).
 """
 
 from __future__ import annotations
@@ -38,8 +45,8 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -55,43 +62,40 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOOP_THREAD_NAME",
+    "MAX_POOL_THREADS",
+    "POOL_THREAD_PREFIX",
+    "Runtime",
     "add_shutdown_hook",
     "await_future",
-    "call",
-    "call_async",
-    "call_soon",
-    "cancel_running",
-    "check_generation",
-    "generation",
-    "in_loop_thread",
-    "in_short_thread",
+    "current",
     "on_fleetenv_loop",
     "remove_shutdown_hook",
     "shutdown",
-    "start_service",
-    "submit",
 ]
 
 T = TypeVar("T")
 P = ParamSpec("P")
 
 LOOP_THREAD_NAME = "fleetenv-loop"
+POOL_THREAD_PREFIX = "fleetenv-io"
+#: The pool's bound (the Runtime's default): blocking operations running at once. It
+#: covers the asyncio-mode Runner's episodes (one blocking operation each at a time:
+#: a create, which may wait for the creating cap, a verification, a delete, a sync
+#: policy's turn) plus the few jobs of their own (trace uploads, cleanups); more
+#: episodes than that queue for a thread and lose nothing.
+MAX_POOL_THREADS = 32
 
 # How often a blocked MAIN thread wakes up to let Python deliver a pending
 # KeyboardInterrupt. An untimed wait is only interrupted by a real SIGINT, not by
 # `_thread.interrupt_main()` (which is how IPython and test harnesses interrupt), so the
-# main thread's waits are sliced. Other threads never receive a KeyboardInterrupt (Python
-# delivers signals to the main thread only), so they block on the future itself and cost
-# nothing while they wait: with hundreds of episodes in worker threads, 10 wake-ups a
-# second each added up to real CPU on the caller's side.
+# main thread's waits are sliced. Other threads never receive a KeyboardInterrupt, so
+# they block on the future itself and cost nothing while they wait.
 _WAIT_SLICE_S = 0.1
 # After cancelling loop-side work, how long a caller waits for it to finish unwinding
 # before re-raising (so "Ctrl-C leaves nothing running" holds in the common case).
 _CANCEL_GRACE_S = 2.0
-# Extra time the caller-side watchdog grants beyond an in-loop deadline: the in-loop
-# deadline is the real one; the watchdog only catches a wedged loop.
-_WATCHDOG_GRACE_S = 5.0
-# Upper bounds for starting and for stopping the loop thread.
+# Upper bounds for starting and for stopping the loop thread (the runtime's own life,
+# not an operation's timeout).
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
 
@@ -106,108 +110,381 @@ class _Loop:
     thread: threading.Thread
     aio: asyncio.AbstractEventLoop
     services: TaskGroup
-    generation: int
     # tasks started by submit/call, so shutdown can cancel them (touched on the loop only)
     jobs: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
-_lock = threading.Lock()
-_state: _Loop | None = None
-_starting: _Handoff | None = None  # a start whose loop has not come up yet
-_generation = 0
-_exiting = False
+_lock = threading.Lock()  # guards starts, stops and the swap of the current runtime
 _hooks: list[Callable[[], None]] = []
 _hooks_lock = threading.Lock()
-# Portals of earlier generations after a fork: referenced forever so their finalizers never
-# run in a process where their loop thread does not exist.
+# Runtimes of earlier generations after a fork, and loops that did not stop: referenced
+# forever so their finalizers never run where their threads do not exist.
 _abandoned: list[object] = []
 
 
-# ---------------------------------------------------------------------------- start / state
+class Runtime:
+    """The loop thread and the pool of one generation; see the module docstring.
 
-
-def _current() -> _Loop:
-    state = _state
-    if state is not None:
-        return state
-    with _lock:
-        if _state is not None:
-            return _state
-        if _exiting:
-            raise FleetEnvError(
-                "the fleetenv runtime has shut down because the interpreter is exiting",
-                hint="do not start fleetenv work from atexit handlers or finalizers",
-            )
-        handoff = _starting or _start()
-    return handoff.wait()
-
-
-def _start() -> _Handoff:
-    """Start the loop thread; it installs itself as the current loop. Caller holds ``_lock``.
-
-    Callers wait for the loop *outside* the lock (`_Handoff.wait`), and the loop thread,
-    which never receives Ctrl-C, installs itself: so a caller interrupted while the loop
-    starts leaves at once, and the loop it started is the current one, not an orphan.
+    Made by `current()`, never by hand. Threads start on first use: the loop on the
+    first coroutine, the pool on the first blocking function. Every method may be
+    called from any thread; the blocking ones (`call`, `submit`, `submit_blocking`) not
+    on the loop thread, where they raise `LoopThreadError`.
     """
-    global _starting
-    handoff = _starting = _Handoff(_generation)
-    try:
-        # Not ``Thread.start()`` here: it waits on a Condition, and Ctrl-C in that wait
-        # can leave the Condition's lock held, wedging the new thread in its bootstrap
-        # (seen in CPython 3.11). A bare thread starts the real one, out of Ctrl-C's reach.
-        _thread.start_new_thread(_spawn, (handoff,))
-    except Exception:  # no thread: nothing will install itself
-        _starting = None
-        raise
-    return handoff
+
+    def __init__(self, generation: int, *, max_threads: int = MAX_POOL_THREADS,
+                 refuse: str | None = None) -> None:
+        #: Identity of this runtime; loop-bound objects record it (`check_generation`).
+        self.generation = generation
+        self.max_threads = max_threads
+        self._refuse = refuse  # why this runtime never starts (the interpreter exits)
+        self._loop: _Loop | None = None
+        self._starting: _Handoff | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        state = ("stopped" if self._stopped else "running" if self._loop is not None
+                 else "idle")
+        return f"Runtime(generation={self.generation}, {state})"
+
+    # ------------------------------------------------------------------ coroutines
+
+    def call(self, async_fn: Callable[..., Awaitable[T]], *args: Any,
+             timeout: float | None = None, name: str | None = None) -> T:
+        """Run ``async_fn(*args)`` on the loop and block until it is done.
+
+        ``timeout`` is enforced inside the loop, the one place (the task is cancelled,
+        then `DeadlineExceeded` is raised); the caller waits for the outcome without a
+        timer of its own. If the caller is interrupted (Ctrl-C or any other exception
+        while waiting) the loop-side task is cancelled and given a moment to unwind
+        before the exception propagates. A single-leaf exception group is unwrapped.
+        """
+        self._refuse_loop_thread("Runtime.call()")
+        label = name or _name_of(async_fn)
+        finished = threading.Event()
+        future = self._schedule(async_fn, args, timeout, finished, label)
+        return _wait(future, finished)
+
+    def submit(self, async_fn: Callable[..., Awaitable[T]], *args: Any,
+               name: str | None = None) -> concurrent.futures.Future[T]:
+        """Schedule ``async_fn(*args)`` on the loop and return its future at once.
+
+        ``future.cancel()`` cancels the loop-side task. Exceptions arrive unchanged (a
+        single-leaf exception group is NOT unwrapped here; `call` does that).
+        """
+        self._refuse_loop_thread("Runtime.submit()")
+        return self._schedule(async_fn, args, None, None, name or _name_of(async_fn))
+
+    async def call_async(self, async_fn: Callable[..., Awaitable[T]], *args: Any,
+                         timeout: float | None = None, name: str | None = None) -> T:
+        """Await ``async_fn(*args)`` on the loop from ANY event loop.
+
+        For async trainers, notebooks and test runners: asyncio (plain, pytest-asyncio's,
+        Jupyter's) or trio (directly or through anyio). The caller's loop stays free while
+        the work runs on the fleetenv loop; cancelling the awaiting task cancels the
+        loop-side task. Awaited on the fleetenv loop itself, it simply awaits the
+        function. A single-leaf exception group is unwrapped; work cancelled on the loop
+        side (`cancel_running`, shutdown) raises ``concurrent.futures.CancelledError``.
+        """
+        if self.in_loop_thread():
+            return await _run_job(async_fn, args, timeout, None)
+        future = self._schedule(async_fn, args, timeout, None, name or _name_of(async_fn))
+        try:
+            return await await_future(future)
+        except BaseExceptionGroup as group:
+            leaf = unwrap_group(group)
+            if leaf is group:
+                raise
+            leaf.__suppress_context__ = True
+            raise leaf  # noqa: B904 - the leaf is the real error; the group is noise
+
+    async def start_service(self, fn: Callable[..., Awaitable[None]], *args: Any,
+                            name: str | None = None) -> Any:
+        """Start a long-lived task on the loop; return what it passed to
+        ``task_status.started``.
+
+        Must be awaited on the loop. The task outlives the caller (it lives in the
+        runtime's service task group until it returns or the loop stops), which is what
+        an MCP session owner needs: it enters and exits its contexts in one task.
+        Failures before ``started()`` propagate to the caller; failures after it are
+        logged and contained, so one broken session never cancels its siblings.
+        """
+        if not self.in_loop_thread():
+            raise LoopThreadError("start_service() must be awaited on the fleetenv loop",
+                                  hint="use Runtime.call(...) to get onto the loop")
+        label = name or _name_of(fn)
+        return await self._running().services.start(_contained, fn, args, label, name=label)
+
+    # ------------------------------------------------------------------ callbacks
+
+    def call_soon(self, fn: Callable[[], object]) -> bool:
+        """Have the loop thread call ``fn()`` soon; False (and nothing done) if no loop runs.
+
+        Safe from any thread, the loop's own included, and from a finalizer: it only
+        appends to the running loop's queue (no lock, no thread started, no wait) and
+        never starts a loop. ``fn`` runs on the loop thread, so it must not block.
+        """
+        loop = self._loop
+        if loop is None:
+            return False
+        try:
+            loop.aio.call_soon_threadsafe(fn)
+        except RuntimeError:  # the loop is closed: shutting down, and nothing will run it
+            return False
+        return True
+
+    def call_at(self, when: float, fn: Callable[[], object]) -> Callable[[], None]:
+        """Have the loop call ``fn()`` at ``time.monotonic() == when``; returns a function
+        (callable from any thread) that cancels it. ``fn`` must not block."""
+        aio = self._running().aio
+        timer: list[asyncio.TimerHandle] = []
+        cancelled = False
+
+        def arm() -> None:
+            if not cancelled:
+                timer.append(aio.call_at(when, fn))  # asyncio's clock is time.monotonic
+
+        def disarm() -> None:
+            for handle in timer:
+                handle.cancel()
+
+        def cancel() -> None:
+            nonlocal cancelled
+            cancelled = True
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing will fire
+                aio.call_soon_threadsafe(disarm)
+
+        try:
+            aio.call_soon_threadsafe(arm)
+        except RuntimeError as exc:  # the loop was closed under us (shutdown in progress)
+            raise FleetEnvError(f"the fleetenv loop is not running ({exc})") from None
+        return cancel
+
+    # ------------------------------------------------------------------ the pool
+
+    def submit_blocking(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        """Run ``fn(*args)`` on the pool, in the caller's context variables (its trace
+        span, whose calls these are); its future at once."""
+        return self._executor().submit(contextvars.copy_context().run, fn, *args)
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Await ``fn(*args)`` run on the pool, from any asyncio or trio loop (this
+        runtime's included): the awaiting loop stays free. Cancelling the awaiting task
+        cancels the job if it has not started (a running function runs to its end)."""
+        return await await_future(self.submit_blocking(fn, *args))
+
+    # ------------------------------------------------------------------ state
+
+    def in_loop_thread(self) -> bool:
+        """True when called on this runtime's ``fleetenv-loop`` thread."""
+        loop = self._loop
+        return loop is not None and threading.get_ident() == loop.thread.ident
+
+    def check_generation(self, created_in: int, what: str) -> None:
+        """Refuse to use a loop-bound object of an earlier runtime (fork child, shutdown)."""
+        if created_in != self.generation:
+            raise FleetEnvError(
+                f"{what} belongs to a fleetenv runtime that no longer exists in this process "
+                "(it was opened before os.fork() or before fleetenv.runtime.shutdown())",
+                hint="open a new one in this process; objects cannot cross fork()",
+            )
+
+    def cancel_running(self) -> int:
+        """Cancel every job in flight on the loop (tool calls, session setup); callers
+        waiting on them get ``CancelledError``. Does not wait, never starts a loop, works
+        from any thread. Long-lived services (MCP session owners) are untouched. Returns
+        how many jobs were asked to stop. SIGTERM uses it so that hung calls do not hold
+        up the exit."""
+        loop = self._loop
+        if loop is None:
+            return 0
+        count = len(loop.jobs)
+
+        def cancel_all() -> None:
+            for job in list(loop.jobs):
+                job.cancel()
+
+        try:
+            loop.aio.call_soon_threadsafe(cancel_all)
+        except RuntimeError:  # the loop is closed already: nothing runs on it
+            return 0
+        return count
+
+    # ------------------------------------------------------------------ internals
+
+    def _refuse_loop_thread(self, what: str) -> None:
+        if self.in_loop_thread():
+            raise LoopThreadError(
+                f"{what} was called on the {LOOP_THREAD_NAME} thread, where it would wait "
+                "for itself")
+
+    def _refusal(self) -> FleetEnvError | None:
+        if self._refuse is not None:
+            return FleetEnvError(self._refuse,
+                                 hint="do not start fleetenv work from atexit handlers or "
+                                 "finalizers")
+        if self._stopped:
+            return FleetEnvError("this fleetenv runtime was shut down",
+                                 hint="use fleetenv.runtime.current(), the runtime now")
+        return None
+
+    def _running(self) -> _Loop:
+        """The loop, started if needed (callers wait outside the lock, see `_Handoff`)."""
+        loop = self._loop
+        if loop is not None:
+            return loop
+        with _lock:
+            if self._loop is not None:
+                return self._loop
+            refusal = self._refusal()
+            if refusal is not None:
+                raise refusal
+            handoff = self._starting or self._start()
+        return handoff.wait()
+
+    def _start(self) -> _Handoff:
+        """Start the loop thread; it installs itself. Caller holds ``_lock``.
+
+        Not ``Thread.start()`` here: it waits on a Condition, and Ctrl-C in that wait can
+        leave the Condition's lock held, wedging the new thread in its bootstrap (seen in
+        CPython 3.11). A bare thread starts the real one, out of Ctrl-C's reach.
+        """
+        handoff = self._starting = _Handoff(self)
+        try:
+            _thread.start_new_thread(_spawn, (handoff,))
+        except Exception:  # no thread: nothing will install itself
+            self._starting = None
+            raise
+        return handoff
+
+    def _executor(self) -> ThreadPoolExecutor:
+        pool = self._pool
+        if pool is not None:
+            return pool
+        with _lock:
+            refusal = self._refusal()
+            if refusal is not None:
+                raise refusal
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_threads,
+                                                thread_name_prefix=POOL_THREAD_PREFIX)
+            return self._pool
+
+    def _schedule(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+                  timeout: float | None, finished: threading.Event | None,
+                  name: str) -> concurrent.futures.Future[T]:
+        """Start ``fn(*args)`` as a task on the loop without waiting for the loop to pick
+        it up.
+
+        Measured on the tool-call path: the portal's ``start_task_soon`` blocks the caller
+        until the loop acknowledges the spawn, and ``run_coroutine_threadsafe`` resolves
+        the future one loop iteration after the task ends. Here the task resolves the
+        future itself, as its last step, and nobody waits for the spawn.
+        ``future.cancel()`` cancels the task. Tasks are tracked so `stop` can cancel them.
+        """
+        loop = self._running()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def start() -> None:
+            if future.cancelled():  # cancelled before the loop got to it: never start
+                if finished is not None:
+                    finished.set()
+                return
+            task = loop.aio.create_task(_tracked(loop, future, fn, args, timeout, finished))
+            task.set_name(name)
+
+            def cancel_task(done: concurrent.futures.Future[T]) -> None:
+                if done.cancelled() and not task.done():
+                    loop.aio.call_soon_threadsafe(task.cancel)
+
+            future.add_done_callback(cancel_task)
+
+        try:
+            loop.aio.call_soon_threadsafe(start, context=_loop_context())
+        except RuntimeError as exc:  # the loop was closed under us (shutdown in progress)
+            raise FleetEnvError(f"the fleetenv loop is not running ({exc})",
+                                hint="the runtime is shutting down; do not start new work "
+                                "now") from None
+        return future
+
+    def _stop(self) -> None:
+        """Stop the loop (cancel what still runs, join its thread) and let the pool's
+        threads end once their work is done; within bounds, never blocking exit."""
+        with _lock:
+            self._stopped = True
+            if self._starting is not None:  # a loop still starting stops, not installs
+                self._starting.abandoned = True
+                self._starting = None
+            loop, pool = self._loop, self._pool
+        if pool is not None:
+            pool.shutdown(wait=False)
+        if loop is None:
+            return
+        try:
+            loop.portal.start_task_soon(_cancel_jobs, loop).result(timeout=_STOP_TIMEOUT_S)
+            loop.portal.start_task_soon(loop.portal.stop, True).result(timeout=_STOP_TIMEOUT_S)
+        except Exception as exc:  # the loop is wedged or already gone: park it
+            logger.warning("fleetenv loop did not stop cleanly: %s", exc)
+            _abandoned.append(loop)
+            return
+        loop.thread.join(_STOP_TIMEOUT_S)
+        if loop.thread.is_alive():
+            logger.warning("fleetenv loop thread did not exit within %s s", _STOP_TIMEOUT_S)
+            _abandoned.append(loop)
+
+    @property
+    def _started(self) -> bool:
+        return self._loop is not None or self._starting is not None or self._pool is not None
 
 
-def _spawn(handoff: _Handoff) -> None:
-    try:
-        threading.Thread(target=_serve, args=(handoff,), name=LOOP_THREAD_NAME,
-                         daemon=True).start()
-    except Exception as exc:  # out of threads: the waiting caller is told
-        handoff.fail(exc)
+# The current runtime: read without a lock (finalizers and the loop thread read it).
+_current = Runtime(0)
+
+
+def current() -> Runtime:
+    """The process's runtime now (a fresh one after `shutdown()` and in a forked child)."""
+    return _current
+
+
+# ---------------------------------------------------------------------------- the loop
 
 
 class _Handoff:
-    """One start of the loop thread, waited for by the callers that need it."""
+    """One start of a runtime's loop thread, waited for by the callers that need it."""
 
-    def __init__(self, generation: int) -> None:
-        self.generation = generation
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
         # Released once the loop came up or failed. A bare lock, not an Event: Ctrl-C in
-        # the main thread inside ``Event.wait`` can leave the Event's Condition locked
-        # (it lands between the lock's acquire and the ``with`` that would release it),
+        # the main thread inside ``Event.wait`` can leave the Event's Condition locked,
         # and the loop thread would then block forever in ``set()``.
         self._done = _thread.allocate_lock()
         self._done.acquire()
         self.loop: _Loop | None = None
         self.error: Exception | None = None
-        #: Set under ``_lock`` by `shutdown()` (or a fork) before the loop came up: the
-        #: loop then stops instead of installing itself.
+        #: Set under ``_lock`` when the runtime stops (or forks) before the loop came
+        #: up: the loop then stops instead of installing itself.
         self.abandoned = False
 
     def install(self, loop: _Loop) -> bool:
-        """From the loop thread: become the current loop; False if it must stop."""
-        global _state, _starting
+        """From the loop thread: become the runtime's loop; False if it must stop."""
+        runtime = self.runtime
         with _lock:
-            if _starting is self:
-                _starting = None
-            if self.abandoned or _exiting or self.generation != _generation:
+            if runtime._starting is self:
+                runtime._starting = None
+            if self.abandoned or runtime._stopped:
                 self.error = FleetEnvError("the fleetenv runtime shut down while its loop "
                                            "was starting")
                 ok = False
             else:
-                _state = self.loop = loop
+                runtime._loop = self.loop = loop
                 ok = True
         self._done.release()
         return ok
 
     def fail(self, error: Exception) -> None:
-        global _starting
         with _lock:
-            if _starting is self:
-                _starting = None
+            if self.runtime._starting is self:
+                self.runtime._starting = None
         self.error = error
         self._done.release()
 
@@ -228,8 +505,16 @@ class _Handoff:
                             f"{self.error!r}") from self.error
 
 
+def _spawn(handoff: _Handoff) -> None:
+    try:
+        threading.Thread(target=_serve, args=(handoff,), name=LOOP_THREAD_NAME,
+                         daemon=True).start()
+    except Exception as exc:  # out of threads: the waiting caller is told
+        handoff.fail(exc)
+
+
 def _serve(handoff: _Handoff) -> None:
-    """The loop thread's body: serve the portal until it is stopped."""
+    """The loop thread's body: serve until the runtime stops."""
     import anyio
 
     try:
@@ -247,59 +532,19 @@ async def _serve_portal(handoff: _Handoff) -> None:
 
     async with BlockingPortal() as portal, anyio.create_task_group() as services:
         # Long-lived tasks (session owners) live in ``services``, with the loop.
-        state = _Loop(portal=portal, thread=threading.current_thread(),
-                      aio=asyncio.get_running_loop(), services=services,
-                      generation=handoff.generation)
-        if handoff.install(state):
+        loop = _Loop(portal=portal, thread=threading.current_thread(),
+                     aio=asyncio.get_running_loop(), services=services)
+        if handoff.install(loop):
             await portal.sleep_until_stopped()
         services.cancel_scope.cancel()
-
-
-def generation() -> int:
-    """Identity of the current runtime; changes after `shutdown()` and in a forked child.
-
-    Objects bound to the loop record it when they start using the loop and pass it to
-    `check_generation` before each use.
-    """
-    return _generation
-
-
-def check_generation(created_in: int, what: str) -> None:
-    """Refuse to use a loop-bound object from an earlier runtime (fork child or after shutdown)."""
-    if created_in != _generation:
-        raise FleetEnvError(
-            f"{what} belongs to a fleetenv runtime that no longer exists in this process "
-            "(it was opened before os.fork() or before fleetenv.runtime.shutdown())",
-            hint="open a new one in this process; objects cannot cross fork()",
-        )
-
-
-def in_loop_thread() -> bool:
-    """True when called on the ``fleetenv-loop`` thread itself."""
-    state = _state
-    return state is not None and threading.get_ident() == state.thread.ident
-
-
-def _refuse_loop_thread(what: str) -> None:
-    if in_loop_thread():
-        raise LoopThreadError(
-            f"{what} was called on the {LOOP_THREAD_NAME} thread, where it would wait for itself"
-        )
 
 
 def _name_of(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
-# ---------------------------------------------------------------------------- entry points
-
-
-async def _run_job(
-    fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-    timeout: float | None,
-    finished: threading.Event | None,
-) -> T:
+async def _run_job(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+                   timeout: float | None, finished: threading.Event | None) -> T:
     """Await ``fn(*args)`` on the loop, under ``timeout``, and signal when it has unwound."""
     import anyio
 
@@ -317,71 +562,13 @@ async def _run_job(
             finished.set()
 
 
-def _schedule(
-    state: _Loop,
-    fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-    timeout: float | None,
-    finished: threading.Event | None,
-    name: str,
-) -> concurrent.futures.Future[T]:
-    """Start ``fn(*args)`` as a task on the loop without waiting for the loop to pick it up.
-
-    Measured on the tool-call path: the portal's ``start_task_soon`` blocks the caller
-    until the loop acknowledges the spawn, and ``run_coroutine_threadsafe`` resolves the
-    future one loop iteration after the task ends (behind whatever else is ready). Here the
-    task resolves the future itself, as its last step, and nobody waits for the spawn.
-    ``future.cancel()`` cancels the task. Tasks are tracked so `shutdown` can cancel them.
-    """
-    future: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-    def start() -> None:
-        if future.cancelled():  # cancelled before the loop got to it: never start
-            if finished is not None:
-                finished.set()
-            return
-        task = state.aio.create_task(_tracked(state, future, fn, args, timeout, finished))
-        task.set_name(name)
-
-        def cancel_task(done: concurrent.futures.Future[T]) -> None:
-            if done.cancelled() and not task.done():
-                state.aio.call_soon_threadsafe(task.cancel)
-
-        future.add_done_callback(cancel_task)
-
-    try:
-        state.aio.call_soon_threadsafe(start, context=_loop_context())
-    except RuntimeError as exc:  # the loop was closed under us (shutdown in progress)
-        raise FleetEnvError(
-            f"the fleetenv loop is not running ({exc})",
-            hint="the runtime is shutting down; do not start new work now",
-        ) from None
-    return future
-
-
-def _loop_context() -> contextvars.Context:
-    """The caller's context variables for a task on the fleetenv loop, minus the name of
-    the caller's async library: sniffio keeps it in a context variable, and a task that
-    inherited "trio" from a trio caller would make anyio drive the asyncio loop as trio."""
-    context = contextvars.copy_context()
-    sniffio: Any = sys.modules.get("sniffio")
-    if sniffio is not None and context.get(sniffio.current_async_library_cvar, None):
-        context.run(sniffio.current_async_library_cvar.set, None)
-    return context
-
-
-async def _tracked(
-    state: _Loop,
-    future: concurrent.futures.Future[T],
-    fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-    timeout: float | None,
-    finished: threading.Event | None,
-) -> None:
+async def _tracked(loop: _Loop, future: concurrent.futures.Future[T],
+                   fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+                   timeout: float | None, finished: threading.Event | None) -> None:
     """Run one job and hand its outcome to ``future`` (the task itself never fails)."""
     task = asyncio.current_task()
     assert task is not None
-    state.jobs.add(task)
+    loop.jobs.add(task)
     try:
         result = await _run_job(fn, args, timeout, finished)
     except Exception as exc:
@@ -397,81 +584,25 @@ async def _tracked(
         if future.set_running_or_notify_cancel():
             future.set_result(result)
     finally:
-        state.jobs.discard(task)
+        loop.jobs.discard(task)
 
 
-def call_soon(fn: Callable[[], object]) -> bool:
-    """Have the loop thread call ``fn()`` soon; False (and nothing done) if no loop runs.
-
-    Safe from any thread, the loop's own included, and from a finalizer: it only appends
-    to the running loop's queue (no lock, no thread started, no wait) and never starts a
-    loop. ``fn`` runs on the loop thread, so it must not block.
-    """
-    state = _state
-    if state is None:
-        return False
-    try:
-        state.aio.call_soon_threadsafe(fn)
-    except RuntimeError:  # the loop is closed: shutting down, and nothing will run it
-        return False
-    return True
+def _loop_context() -> contextvars.Context:
+    """The caller's context variables for a task on the fleetenv loop, minus the name of
+    the caller's async library: sniffio keeps it in a context variable, and a task that
+    inherited "trio" from a trio caller would make anyio drive the asyncio loop as trio."""
+    context = contextvars.copy_context()
+    sniffio: Any = sys.modules.get("sniffio")
+    if sniffio is not None and context.get(sniffio.current_async_library_cvar, None):
+        context.run(sniffio.current_async_library_cvar.set, None)
+    return context
 
 
-def submit(
-    async_fn: Callable[..., Awaitable[T]], *args: Any, name: str | None = None
-) -> concurrent.futures.Future[T]:
-    """Schedule ``async_fn(*args)`` on the loop and return its future at once.
-
-    ``future.cancel()`` cancels the loop-side task. Exceptions arrive unchanged (a
-    single-leaf exception group is NOT unwrapped here; `call` does that).
-    """
-    _refuse_loop_thread("fleetenv.runtime.submit()")
-    return _schedule(_current(), async_fn, args, None, None, name or _name_of(async_fn))
-
-
-def call(
-    async_fn: Callable[..., Awaitable[T]],
-    *args: Any,
-    timeout: float | None = None,
-    name: str | None = None,
-) -> T:
-    """Run ``async_fn(*args)`` on the loop and block until it is done.
-
-    ``timeout`` is enforced inside the loop (the task is cancelled, then
-    `DeadlineExceeded` is raised). If the caller is interrupted (Ctrl-C or any other
-    exception while waiting) the loop-side task is cancelled and given a moment to
-    unwind before the exception propagates. A single-leaf exception group is unwrapped
-    to its leaf.
-    """
-    _refuse_loop_thread("fleetenv.runtime.call()")
-    label = name or _name_of(async_fn)
-    finished = threading.Event()
-    future = _schedule(_current(), async_fn, args, timeout, finished, label)
-    watchdog = None if timeout is None else timeout + _WATCHDOG_GRACE_S
-    return _wait(future, finished, watchdog, label)
-
-
-def _wait(
-    future: concurrent.futures.Future[T],
-    finished: threading.Event,
-    watchdog: float | None,
-    what: str,
-) -> T:
-    deadline = None if watchdog is None else time.monotonic() + watchdog
+def _wait(future: concurrent.futures.Future[T], finished: threading.Event) -> T:
     # Only the main thread can be interrupted by a signal: only it wakes up periodically.
-    sliced = threading.current_thread() is threading.main_thread()
+    slice_s = _WAIT_SLICE_S if threading.current_thread() is threading.main_thread() else None
     try:
         while True:
-            slice_s: float | None = _WAIT_SLICE_S if sliced else None
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise DeadlineExceeded(
-                        f"{what} did not finish within {watchdog:g} s and the fleetenv loop "
-                        "did not stop it",
-                        hint="the loop thread may be blocked by non-async code; report a bug",
-                    )
-                slice_s = remaining if slice_s is None else min(slice_s, remaining)
             try:
                 # returns as soon as the future is done; raises CancelledError if cancelled
                 error = future.exception(timeout=slice_s)
@@ -479,8 +610,8 @@ def _wait(
             except concurrent.futures.TimeoutError:
                 continue
     except BaseException:
-        # Interrupted (KeyboardInterrupt, watchdog, ...): cancel the loop-side task and
-        # let it unwind, so nothing keeps running behind the caller's back. Re-raised.
+        # Interrupted (KeyboardInterrupt, ...): cancel the loop-side task and let it
+        # unwind, so nothing keeps running behind the caller's back. Re-raised.
         future.cancel()
         finished.wait(_CANCEL_GRACE_S)
         raise
@@ -489,41 +620,46 @@ def _wait(
     raise unwrap_group(error)
 
 
-async def call_async(
-    async_fn: Callable[..., Awaitable[T]],
-    *args: Any,
-    timeout: float | None = None,
-    name: str | None = None,
-) -> T:
-    """Await ``async_fn(*args)`` on the fleetenv loop from ANY event loop.
+async def _cancel_jobs(loop: _Loop) -> None:
+    jobs = list(loop.jobs)
+    for job in jobs:
+        job.cancel()
+    if jobs:
+        await asyncio.wait(jobs, timeout=_STOP_TIMEOUT_S / 2)
 
-    For async trainers, notebooks and test runners: asyncio (plain, pytest-asyncio's,
-    Jupyter's) or trio (directly or through anyio). The caller's loop stays free while the
-    work runs on the fleetenv loop. Cancelling the awaiting task cancels the loop-side
-    task. Called from a coroutine already on the fleetenv loop, it simply awaits the
-    function. A single-leaf exception group is unwrapped to its leaf; work cancelled on
-    the loop side (`cancel_running`, shutdown) raises ``concurrent.futures.CancelledError``,
-    as `call` does.
-    """
-    if in_loop_thread():
-        return await _run_job(async_fn, args, timeout, None)
-    future = _schedule(_current(), async_fn, args, timeout, None, name or _name_of(async_fn))
+
+class _StartedFlag:
+    """A ``task_status`` stand-in that remembers whether ``started()`` was called."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.started_called = False
+
+    def started(self, value: Any = None) -> None:
+        self.started_called = True
+        self._inner.started(value)
+
+
+async def _contained(fn: Callable[..., Awaitable[None]], args: tuple[Any, ...], label: str,
+                     *, task_status: Any) -> None:
+    status = _StartedFlag(task_status)
     try:
-        return await await_future(future)
-    except BaseExceptionGroup as group:
-        leaf = unwrap_group(group)
-        if leaf is group:
+        await fn(*args, task_status=status)
+    except Exception:
+        if not status.started_called:
             raise
-        leaf.__suppress_context__ = True
-        raise leaf  # noqa: B904 - the leaf is the real error; the group is noise
+        logger.warning("fleetenv background task %s failed", label, exc_info=True)
+
+
+# ---------------------------------------------------------------------------- awaiting
 
 
 async def await_future(future: concurrent.futures.Future[T]) -> T:
     """Await a ``concurrent.futures`` future from the caller's asyncio or trio loop.
 
-    The loop stays free while another thread (the fleetenv loop, a worker pool) finishes
-    the future; cancelling the awaiting task cancels the future. asyncio's
-    ``wrap_future`` would do this for asyncio only.
+    The loop stays free while another thread (the fleetenv loop, the pool) finishes the
+    future; cancelling the awaiting task cancels the future. asyncio's ``wrap_future``
+    would do this for asyncio only.
     """
     done, wake = _waker()
     future.add_done_callback(lambda _: wake())
@@ -540,10 +676,9 @@ def _waker() -> tuple[Any, Callable[[], None]]:
 
     The function never blocks: it hands ``event.set`` to the caller's loop (asyncio's
     ``call_soon_threadsafe``, trio's ``TrioToken.run_sync_soon``) and returns. anyio's
-    ``from_thread.run_sync(..., token=)`` would do the hand-over too, but it waits for the
-    caller's loop to run it, and it would run on the fleetenv loop thread, which must
-    never wait for a user's loop (a user loop blocked in the blocking API would deadlock).
-    A caller's loop that has already closed is not woken (nobody is waiting any more).
+    ``from_thread.run_sync(..., token=)`` would wait for the caller's loop to run it, on
+    the fleetenv loop thread, which must never wait for a user's loop. A caller's loop
+    that has already closed is not woken (nobody is waiting any more).
     """
     import anyio
 
@@ -574,89 +709,17 @@ def _waker() -> tuple[Any, Callable[[], None]]:
 
 def on_fleetenv_loop(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """Decorator for a public coroutine of a loop-bound object (an MCP connection's
-    ``aopen``, ``acall_tool``...): awaited on the fleetenv loop it runs directly; awaited
-    on any other loop (the caller's asyncio or trio loop) it runs on the fleetenv loop
-    through `call_async`, so the caller's loop is never blocked and the object's locks,
-    events and sessions are only ever touched by the loop they belong to. No extra
-    timeout: the operation's own timeouts apply, on the loop that runs it."""
+    ``aopen``, ``acall_tool``...): awaited anywhere, it runs on the fleetenv loop through
+    `Runtime.call_async` (directly when already there), so the caller's loop is never
+    blocked and the object's locks, events and sessions are only ever touched by the
+    loop they belong to. No timeout of its own: the operation's deadline applies."""
 
     @functools.wraps(fn)
     async def hop(*args: P.args, **kwargs: P.kwargs) -> T:
-        if in_loop_thread():
-            return await fn(*args, **kwargs)
-        return await call_async(functools.partial(fn, *args, **kwargs), name=_name_of(fn))
+        return await _current.call_async(functools.partial(fn, *args, **kwargs),
+                                         name=_name_of(fn))
 
     return hop
-
-
-async def in_short_thread(fn: Callable[[], T], *, name: str = "fleetenv-blocking") -> T:
-    """Await ``fn()`` run in a new thread that ends when ``fn`` returns.
-
-    For rare blocking work that must stay off the loop (a slow first import, building an
-    SSL context). anyio's ``to_thread`` would do it in a pooled worker that then idles
-    until the loop stops; a one-off thread leaves nothing behind.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def deliver(ok: bool, value: Any) -> None:
-        if not future.done():  # the awaiting task may have been cancelled meanwhile
-            (future.set_result if ok else future.set_exception)(value)
-
-    def target() -> None:
-        try:
-            result = fn()
-        except Exception as exc:
-            loop.call_soon_threadsafe(deliver, False, exc)
-        else:
-            loop.call_soon_threadsafe(deliver, True, result)
-
-    threading.Thread(target=target, name=name, daemon=True).start()
-    return await future
-
-
-async def start_service(
-    fn: Callable[..., Awaitable[None]], *args: Any, name: str | None = None
-) -> Any:
-    """Start a long-lived task on the loop and return what it passed to ``task_status.started``.
-
-    Must be awaited on the loop. The task outlives the caller (it lives in the runtime's
-    service task group until it returns or the loop stops), which is what an MCP session
-    owner needs: it enters and exits its contexts in one task. Failures before
-    ``started()`` propagate to the caller; failures after it are logged and contained, so
-    one broken session never cancels its siblings.
-    """
-    if not in_loop_thread():
-        raise LoopThreadError(
-            "start_service() must be awaited on the fleetenv loop",
-            hint="use fleetenv.runtime.call(...) to get onto the loop",
-        )
-    label = name or _name_of(fn)
-    return await _current().services.start(_contained, fn, args, label, name=label)
-
-
-class _StartedFlag:
-    """A ``task_status`` stand-in that remembers whether ``started()`` was called."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.started_called = False
-
-    def started(self, value: Any = None) -> None:
-        self.started_called = True
-        self._inner.started(value)
-
-
-async def _contained(
-    fn: Callable[..., Awaitable[None]], args: tuple[Any, ...], label: str, *, task_status: Any
-) -> None:
-    status = _StartedFlag(task_status)
-    try:
-        await fn(*args, task_status=status)
-    except Exception:
-        if not status.started_called:
-            raise
-        logger.warning("fleetenv background task %s failed", label, exc_info=True)
 
 
 # ---------------------------------------------------------------------------- shutdown
@@ -666,10 +729,10 @@ def add_shutdown_hook(fn: Callable[[], None]) -> None:
     """Run ``fn()`` at interpreter exit (and in `shutdown`), before the loop stops.
 
     Hooks run in the thread that shuts down (the main thread at exit), newest first, so
-    they may use the blocking API (`call`). Adding the same function twice is a no-op.
-    Hooks persist across `shutdown()` and fork; a hook must only act on objects of the
-    current process and runtime (see `generation`) and must be idempotent. Exceptions
-    are logged, never propagated.
+    they may use the blocking API (`Runtime.call`). Adding the same function twice is a
+    no-op. Hooks persist across `shutdown()` and fork; a hook must only act on objects of
+    the current process and runtime (see `Runtime.generation`) and must be idempotent.
+    Exceptions are logged, never propagated.
     """
     with _hooks_lock:
         if fn not in _hooks:
@@ -693,89 +756,38 @@ def _run_hooks() -> None:
             logger.warning("fleetenv shutdown hook %s failed: %s", _name_of(hook), exc)
 
 
+def _replace(refuse: str | None = None) -> Runtime | None:
+    """Make a new runtime current; the old one, if it ever started anything, to stop."""
+    global _current
+    with _lock:
+        old = _current
+        if not old._started and refuse is None:
+            return None
+        _current = Runtime(old.generation + 1, max_threads=old.max_threads, refuse=refuse)
+    return old
+
+
 def shutdown() -> None:
-    """Run the shutdown hooks, then stop the loop thread. Idempotent.
+    """Run the shutdown hooks, then stop the current runtime's loop and pool. Idempotent.
 
     Loop-bound objects made before the call refuse further use; the next fleetenv call
-    starts a fresh loop (except at interpreter exit).
+    starts a fresh runtime (except at interpreter exit).
     """
-    global _state, _generation
-    _refuse_loop_thread("fleetenv.runtime.shutdown()")
+    _current._refuse_loop_thread("fleetenv.runtime.shutdown()")
     _run_hooks()
-    with _lock:
-        _abandon_start()
-        state, _state = _state, None
-        if state is not None:
-            _generation += 1
-    if state is not None:
-        _stop(state)
-
-
-def _abandon_start() -> None:
-    """A loop still starting stops instead of installing itself. Caller holds ``_lock``."""
-    global _starting
-    if _starting is not None:
-        _starting.abandoned = True
-        _starting = None
-
-
-async def _cancel_jobs(state: _Loop) -> None:
-    jobs = list(state.jobs)
-    for job in jobs:
-        job.cancel()
-    if jobs:
-        await asyncio.wait(jobs, timeout=_STOP_TIMEOUT_S / 2)
-
-
-def cancel_running() -> int:
-    """Cancel every job in flight on the loop (tool calls, session setup); callers waiting
-    on them get ``CancelledError``. Does not wait, never starts a loop, works from any
-    thread except the loop's own. Long-lived services (MCP session owners) are untouched.
-    Returns how many jobs were asked to stop. SIGTERM uses it so that hung calls do not
-    hold up the exit."""
-    state = _state
-    if state is None:
-        return 0
-    count = len(state.jobs)
-
-    def cancel_all() -> None:
-        for job in list(state.jobs):
-            job.cancel()
-
-    try:
-        state.aio.call_soon_threadsafe(cancel_all)
-    except RuntimeError:  # the loop is closed already: nothing runs on it
-        return 0
-    return count
-
-
-def _stop(state: _Loop) -> None:
-    """Cancel what is still running on the loop and join its thread, within a bound."""
-    try:
-        state.portal.start_task_soon(_cancel_jobs, state).result(timeout=_STOP_TIMEOUT_S)
-        state.portal.start_task_soon(state.portal.stop, True).result(timeout=_STOP_TIMEOUT_S)
-    except Exception as exc:  # the loop is wedged or already gone: park it, never block exit
-        logger.warning("fleetenv loop did not stop cleanly: %s", exc)
-        _abandoned.append(state)
-        return
-    state.thread.join(_STOP_TIMEOUT_S)
-    if state.thread.is_alive():
-        logger.warning("fleetenv loop thread did not exit within %s s", _STOP_TIMEOUT_S)
-        _abandoned.append(state)
+    old = _replace()
+    if old is not None:
+        old._stop()
 
 
 def _shutdown_at_exit() -> None:
-    global _exiting, _state, _generation
     try:
         _run_hooks()
     finally:
-        with _lock:
-            _exiting = True
-            state, _state = _state, None
-            if state is not None:
-                _generation += 1
-        if state is not None:
-            _stop(state)
+        old = _replace(refuse="the fleetenv runtime has shut down because the interpreter "
+                       "is exiting")
+        if old is not None:
+            old._stop()
 
 
 atexit.register(_shutdown_at_exit)
@@ -793,15 +805,12 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _lock, _hooks_lock, _state, _starting, _generation
+    global _lock, _hooks_lock, _current
     # The forking thread held _lock; a fresh lock is simpler than reasoning about owners.
     _lock = threading.Lock()
     _hooks_lock = threading.Lock()
-    if _state is not None:
-        _abandoned.append(_state)
-        _state = None
-    _starting = None  # its thread was the parent's
-    _generation += 1
+    _abandoned.append(_current)  # its threads were the parent's: never stop or drop it
+    _current = Runtime(_current.generation + 1, max_threads=_current.max_threads)
 
 
 os.register_at_fork(

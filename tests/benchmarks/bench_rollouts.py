@@ -312,11 +312,11 @@ def profile_round(config: FleetConfig, episodes: int, calls: int) -> None:
     policy = BarrierPolicy(episodes, calls)
     with Runner(workers=episodes, config=config, events=EventBus(sinks=[]),
                 progress=False) as runner, LoopSampler() as sampler:
-        runtime.call(enable)
+        runtime.current().call(enable)
         try:
             list(runner.run([TASK], policy, samples_per_task=episodes))
         finally:
-            runtime.call(disable)
+            runtime.current().call(disable)
     print(sampler.report())
     for order in ("tottime", "cumulative"):
         text = io.StringIO()

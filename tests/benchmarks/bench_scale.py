@@ -545,11 +545,11 @@ def run_profile(options: argparse.Namespace) -> dict[str, Any]:
         async def disable() -> None:
             profiler.disable()
 
-        runtime.call(enable)
+        runtime.current().call(enable)
         try:
             row = fleetenv_phase(config, mode, size, calls)
         finally:
-            runtime.call(disable)
+            runtime.current().call(disable)
         total_calls = size * calls
         print(f"\nfleetenv/{mode}: process CPU {row['cpu_s'] / total_calls * 1e3:.2f} ms per "
               f"tool call, of which the loop thread "

@@ -176,13 +176,15 @@ def wrong_reward(plan: Plan, result: RolloutResult) -> str | None:
 
 
 def stray_threads(before: set[threading.Thread]) -> list[str]:
-    """Threads alive now that were not before the run, besides the event-loop thread.
+    """Threads alive now that were not before the run, besides the runtime's (its loop,
+    the idle threads of its bounded pool).
 
     In a fresh ``python tests/chaos/run.py`` process ``before`` is just the main thread;
     under pytest it also holds the threads of other tests' fixtures.
     """
     return sorted(t.name for t in threading.enumerate()
-                  if t.is_alive() and t not in before and t.name != "fleetenv-loop")
+                  if t.is_alive() and t not in before and t.name != "fleetenv-loop"
+                  and not t.name.startswith("fleetenv-io_"))
 
 
 def settle(check: Callable[[], list[str]], seconds: float = 10.0) -> list[str]:
@@ -205,12 +207,14 @@ def run_chaos(episodes: int, workers: int, fault_rate: float, seed: int,
     with LocalFleet(in_process=False, verifier_timeout=VERIFIER_TIMEOUT_S,
                     verifier_workers=2) as fleet:
         config = fleetenv.resolve_config(
-            api_key=fleet.token, base_url=fleet.base_url, tool_timeout_s=TOOL_TIMEOUT_S,
-            episode_deadline_s=EPISODE_DEADLINE_S, provision_budget_s=PROVISION_BUDGET_S,
-            # The client's verifier budget covers the server's own limit plus queueing
-            # while the server starts workers beyond its first 2 for the load; a verifier
-            # that hangs is cut by the server at VERIFIER_TIMEOUT_S.
-            retry_base_s=0.2, retry_cap_s=2.0, verifier_timeout_s=VERIFIER_TIMEOUT_S + 30.0)
+            api_key=fleet.token, base_url=fleet.base_url, retry_base_s=0.2, retry_cap_s=2.0,
+            timeouts={"call": TOOL_TIMEOUT_S, "episode": EPISODE_DEADLINE_S,
+                      "provision": PROVISION_BUDGET_S,
+                      # The client's verifier budget covers the server's own limit plus
+                      # queueing while the server starts workers beyond its first 2 for
+                      # the load; a verifier that hangs is cut by the server at
+                      # VERIFIER_TIMEOUT_S.
+                      "verify": VERIFIER_TIMEOUT_S + 30.0})
         results: dict[int, RolloutResult] = {}
         with Runner(workers=workers, config=config, events=bus, progress=False) as runner:
             futures = {}

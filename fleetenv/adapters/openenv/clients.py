@@ -198,7 +198,7 @@ class FleetEnvClient:
         return cls(session, instance, owns_session=owns, mcp_urls=urls)
 
     def _tools(self, api_key: str | None, options: dict[str, Any]) -> FleetMCPTools:
-        options.setdefault("connect_timeout_s", self._session.config.connect_timeout_s)
+        options.setdefault("connect_timeout_s", self._session.config.timeouts.connect)
         if api_key is None:  # the session's own credentials (its key, or a login)
             sent = self._session.client.sdk.client.get_headers()
             options.setdefault("headers", {name: value for name, value in sent.items()
@@ -226,7 +226,7 @@ class FleetEnvClient:
         """Restore the instance's seed state (``POST /reset`` on its manager)."""
         from fleetenv.adapters.openenv.types import FleetObservation, StepResult
 
-        body = self._manager().reset(timeout_s=self._session.config.reset_timeout_s)
+        body = self._manager().reset(timeout_s=self._session.config.timeouts.reset)
         return StepResult(observation=FleetObservation(metadata=body), reward=None,
                           done=False)
 
@@ -289,4 +289,4 @@ def _blocking(fn: Callable[..., T], *args: Any) -> Plan[T]:
 async def _on_loop(fn: Callable[[], Awaitable[T]]) -> T:
     """Await ``fn()`` on fleetenv's loop thread (where the MCP sessions live) from any
     event loop; cancelling the caller cancels the loop-side task."""
-    return await runtime.call_async(fn)
+    return await runtime.current().call_async(fn)

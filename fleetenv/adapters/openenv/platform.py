@@ -11,12 +11,12 @@ functions, and an unknown evaluation score stays ``None`` instead of becoming 0.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fleetenv import runtime
 from fleetenv.core.errors import FleetEnvError, TraceUploadError
 from fleetenv.env.context_tools import CONTEXT_TOOL_NAMES, CONTEXT_TOOLS, ContextTools
 
@@ -102,7 +102,7 @@ async def create_trace_job(api_key: str, name: str, *, jobs_url: str | None = No
     from fleetenv.fleet.traces import TraceClient
 
     client = TraceClient(_session_for(api_key), jobs_url=jobs_url)
-    return await asyncio.to_thread(client.create_job, name)
+    return await runtime.current().run_blocking(client.create_job, name)
 
 
 async def upload_trace(api_key: str, job_id: str, task_key: str, model: str,
@@ -121,7 +121,7 @@ async def upload_trace(api_key: str, job_id: str, task_key: str, model: str,
                           reward=reward, instance_id=instance_id,
                           verifier_execution_id=verifier_execution_id,
                           metadata=metadata, secrets=(api_key,) if api_key else ())
-        return await asyncio.to_thread(client.ingest, body)
+        return await runtime.current().run_blocking(client.ingest, body)
     except (TraceUploadError, FleetEnvError) as exc:
         logger.warning("trace upload for task %s failed: %s", task_key, exc)
         return None

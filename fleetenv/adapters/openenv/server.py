@@ -495,6 +495,9 @@ class OpenEnvServer:
         self.url = ""
 
     def start(self) -> OpenEnvServer:
+        # A thread and loop of its own, not a service on fleetenv's loop: OpenEnv's
+        # handlers call the environment's factory and sync close() on the serving loop,
+        # which would block fleetenv's loop (LoopThreadError there).
         self._thread = threading.Thread(target=self._run, name="fleetenv-openenv-server",
                                         daemon=True)
         self._thread.start()

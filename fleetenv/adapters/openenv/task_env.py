@@ -188,11 +188,11 @@ class FleetTaskEnv:
 
     @property
     def request_timeout_s(self) -> float:
-        return self._env.config.tool_timeout_s
+        return self._env.config.timeouts.call
 
     @property
     def reset_timeout_s(self) -> float:
-        return self._env.config.reset_timeout_s
+        return self._env.config.timeouts.reset
 
     @property
     def task_key(self) -> str:
@@ -479,9 +479,10 @@ def _blocking(fn: Callable[..., T], *args: Any) -> Plan[T]:
 
 
 def _timeouts(**values: float | None) -> dict[str, Any]:
-    """The given timeouts as session settings (``request_timeout_s`` is the per-call
-    ``tool_timeout_s``); each must be a positive number of seconds."""
-    names = {"request_timeout_s": "tool_timeout_s", "reset_timeout_s": "reset_timeout_s"}
+    """The given timeouts as `Timeouts` fields (``request_timeout_s`` bounds a tool call
+    and a database query: ``call`` and ``read``); each must be a positive number of
+    seconds."""
+    names = {"request_timeout_s": ("call", "read"), "reset_timeout_s": ("reset",)}
     settings: dict[str, Any] = {}
     for name, value in values.items():
         if value is None:
@@ -490,25 +491,25 @@ def _timeouts(**values: float | None) -> dict[str, Any]:
                 or not math.isfinite(value) or value <= 0):
             raise ConfigurationError(f"FleetTaskEnv({name}={value!r}): must be a positive "
                                      "number of seconds", hint=f"e.g. {name}=60")
-        settings[names[name]] = float(value)
+        settings.update(dict.fromkeys(names[name], float(value)))
     return settings
 
 
 def _config_with(settings: dict[str, Any], kwargs: dict[str, Any], api_key: str | None,
                  base_url: str | None) -> Any:
-    """The FleetConfig for an env whose timeouts differ from its session's."""
+    """The FleetConfig for an env whose ``timeouts`` differ from its session's."""
     from fleetenv.core.config import resolve_config
 
     if kwargs.get("session") is not None:
         raise ConfigurationError(
             "request_timeout_s / reset_timeout_s are settings of the session you passed",
-            hint="set them on the session: Session(tool_timeout_s=..., reset_timeout_s=...)")
+            hint='set them on the session: Session(timeouts={"call": ..., "reset": ...})')
     config = kwargs.pop("config", None)
     if config is not None:
         if api_key is not None or base_url is not None:
             raise ConfigurationError("pass either config= or api_key=/base_url=, not both")
-        return config.model_copy(update=settings)
-    return resolve_config(api_key=api_key, base_url=base_url, **settings)
+        return config.replace(timeouts=settings)
+    return resolve_config(api_key=api_key, base_url=base_url, timeouts=settings)
 
 
 def make_fleet_task_env(task_config: Mapping[str, Any] | Task, api_key: str | None = None,

@@ -32,11 +32,11 @@ A grade that is unknown (no verifier, verifier error, instance gone) pays
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from fleetenv import runtime
 from fleetenv.adapters.tinker import _cookbook as cb
 from fleetenv.adapters.tinker.metrics import (
     ToolCallTap,
@@ -216,7 +216,7 @@ class FleetTinkerEnv(cb.EnvBase):
                                      list(self.messages))
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.to_thread(cb.guarded, self._lock, fn, *args)
+        return await runtime.current().run_blocking(cb.guarded, self._lock, fn, *args)
 
 
 def _tool_spec(tool: dict[str, Any]) -> dict[str, Any]:

@@ -18,12 +18,12 @@ costs nothing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fleetenv import runtime
 from fleetenv.adapters.tinker import _cookbook as cb
 from fleetenv.adapters.tinker.env import DEFAULT_SYSTEM_PROMPT, FleetTinkerEnv
 from fleetenv.adapters.tinker.metrics import ToolCallTap
@@ -38,18 +38,6 @@ __all__ = ["FleetEnvGroupBuilder", "session_for"]
 
 logger = logging.getLogger(__name__)
 
-_closer: ThreadPoolExecutor | None = None
-_closer_lock = threading.Lock()
-
-
-def _closer_pool() -> ThreadPoolExecutor:
-    """The threads ``cleanup()`` closes episodes in (made on first use)."""
-    global _closer
-    with _closer_lock:
-        if _closer is None:
-            _closer = ThreadPoolExecutor(max_workers=16,
-                                         thread_name_prefix="fleetenv-tinker-cleanup")
-        return _closer
 
 
 def session_for(base_url: str | None = None,
@@ -169,7 +157,7 @@ class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):
         episode still running when its group is cleaned up failed), all at once.
         Idempotent; never raises (cancellation still propagates).
 
-        Returns within ``cleanup_timeout_s``. The closes run in threads of their own
+        Returns within ``cleanup_timeout_s``. The closes run on the runtime's pool
         (``FleetEnv.close``, itself bounded by fleetenv's timeouts) rather than as
         ``close_async`` on the trainer's loop: a close cut off at the bound must go on
         and delete the instance, and a cancelled ``close_async`` would stop half-way.
@@ -178,9 +166,10 @@ class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):
         if not envs:
             return
         loop = asyncio.get_running_loop()
-        pool = _closer_pool()
-        closing = [asyncio.wrap_future(pool.submit(env.close, grade=False), loop=loop)
-                   for env in envs]
+        pool = runtime.current()
+        closing = [asyncio.wrap_future(
+            pool.submit_blocking(functools.partial(env.close, grade=False)), loop=loop)
+            for env in envs]
         done, pending = await asyncio.wait(closing, timeout=self.cleanup_timeout_s)
         if pending:
             late = [env for env, task in zip(envs, closing, strict=True) if task in pending]
