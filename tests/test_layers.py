@@ -26,8 +26,6 @@ LAYERS = (
 )
 #: Imports that run back up today, each with the part of issue 25 that removes it.
 KNOWN_BACK_UP = {
-    # The plan driver belongs to the runtime owner (issue 25, item 1).
-    ("fleetenv.fleet.evaluator", "fleetenv.env.driver"),
 }
 
 

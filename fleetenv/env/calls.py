@@ -47,8 +47,8 @@ from fleetenv.core.types import (
     ToolCall,
 )
 from fleetenv.env.actions import SUBMIT_FINAL_ANSWER
-from fleetenv.env.driver import Blocking, Plan
 from fleetenv.mcp.error_rules import decide, resolve_rule
+from fleetenv.runtime.plans import Blocking, Plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.config import FleetConfig

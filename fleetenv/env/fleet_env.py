@@ -34,9 +34,9 @@ Rules this object keeps, each one a bug the previous Fleet client had:
   never replayed.
 - Every started rollout emits exactly one ``RolloutCompleted`` with one reason.
 
-The logic is written once as plans (see ``driver.py``); ``reset``/``step``/``close`` drive
-them from the calling thread, ``reset_async``/``step_async``/``close_async`` from any
-asyncio loop without blocking it.
+The logic is written once as plans (see :mod:`fleetenv.runtime.plans`);
+``reset``/``step``/``close`` drive them from the calling thread,
+``reset_async``/``step_async``/``close_async`` from any asyncio loop without blocking it.
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ from fleetenv.core.types import Modality, Observation, ResetInfo, StepInfo, Step
 from fleetenv.env.actions import parse_action
 from fleetenv.env.argument_hints import session_type_error, task_type_error
 from fleetenv.env.calls import StepActions
-from fleetenv.env.driver import Blocking, Plan, run_async, run_sync
 from fleetenv.env.grading import Grader
 from fleetenv.env.instance import InstanceLease
 from fleetenv.env.options import EpisodeOptions, ResolvedOptions
@@ -68,6 +67,7 @@ from fleetenv.env.unclosed import watch, weak_callback
 from fleetenv.fleet.registry import install_signal_handlers
 from fleetenv.fleet.session import Session
 from fleetenv.mcp.error_rules import ToolErrorRule
+from fleetenv.runtime.plans import Blocking, Plan, run_async, run_sync
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.types import Grade

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from fleetenv.core.events import RolloutCompleted, VerificationFinished, VerifierFailed
 from fleetenv.core.tasks import Task
 from fleetenv.core.types import Grade, GradeReason, StopReason
-from fleetenv.env.driver import Blocking, Plan
+from fleetenv.runtime.plans import Blocking, Plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.env.instance import InstanceLease
@@ -41,8 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.provisioning import Instance
     from fleetenv.fleet.session import Session
 
-__all__ = ["CONVERSATION_KEY", "PARTIAL_REWARD_KEY", "Grader", "grade_once",
-           "wants_conversation"]
+__all__ = ["CONVERSATION_KEY", "Grader", "grade_once", "wants_conversation"]
 
 logger = logging.getLogger("fleetenv.verifier")
 
@@ -51,9 +50,6 @@ _MAYBE_GONE = frozenset({GradeReason.VERIFIER_ERROR, GradeReason.VERIFIER_UNREAC
 #: Task metadata that declares whether the verifier takes the conversation (a bool);
 #: without it, the verifier's parsed signature decides.
 CONVERSATION_KEY = "verifier_conversation"
-#: Task metadata that turns partial rewards on for the task (a bool); ``FleetEnv``'s
-#: ``partial_reward=`` argument overrides it.
-PARTIAL_REWARD_KEY = "partial_reward"
 #: How much longer than ``timeouts.verify`` ``close()``/``reset()`` wait for a grade
 #: in flight (the verification itself is bounded by ``timeouts.verify``).
 _GRADE_WAIT_SLACK_S = 10.0

@@ -16,12 +16,16 @@ from typing import Any
 from fleetenv.core.config import FleetConfig, finite_reward
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.tasks import Task
-from fleetenv.env.grading import PARTIAL_REWARD_KEY
 from fleetenv.env.tool_call_parsing import PARSE_FORMATS
 from fleetenv.mcp.arguments import ArgumentsMode, check_mode
 from fleetenv.mcp.error_rules import ToolErrorRule, resolve_rule
 
-__all__ = ["NO_TOOL_CALL_MODES", "OPTION_NAMES", "EpisodeOptions", "ResolvedOptions"]
+__all__ = ["NO_TOOL_CALL_MODES", "OPTION_NAMES", "PARTIAL_REWARD_KEY", "EpisodeOptions",
+           "ResolvedOptions"]
+
+#: Task metadata that turns partial rewards on for the task (a bool); the
+#: ``partial_reward`` option overrides it.
+PARTIAL_REWARD_KEY = "partial_reward"
 
 #: What a turn without tool calls does: end the episode with its text as the final
 #: answer (``Done`` when there is no text), or nothing (the turn counts, the agent is

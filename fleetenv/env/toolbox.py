@@ -5,8 +5,8 @@ session per endpoint) and decides what the agent is offered: the modality's tool
 the local ``submit_final_answer`` tool when the task wants an answer, and the local
 context tools / meta-tools when the env enables them (``context_tools.py``,
 ``meta_tools.py``; with meta-tools, the MCP tools are reached through them and called by
-name, not offered one by one). Its operations are
-plan steps (see ``driver.py``): the MCP work runs on fleetenv's loop thread, and the env
+name, not offered one by one). Its operations are plan steps (see
+:mod:`fleetenv.runtime.plans`): the MCP work runs on fleetenv's loop thread, and the env
 decides what a failure means for the episode.
 """
 
@@ -33,12 +33,12 @@ from fleetenv.core.tasks import Task
 from fleetenv.core.types import Modality, ToolCall
 from fleetenv.env.actions import SUBMIT_FINAL_ANSWER, SUBMIT_FINAL_ANSWER_TOOL
 from fleetenv.env.context_tools import CONTEXT_TOOLS, context_tool_specs
-from fleetenv.env.driver import OnLoop, Plan
 from fleetenv.env.meta_tools import META_TOOLS, MetaTools, meta_tool_specs
 from fleetenv.env.tool_call_parsing import render_tools
 from fleetenv.mcp.arguments import ArgumentChecker
 from fleetenv.mcp.notifications import ServerLogMessage, ToolProgressUpdate, ToolsListChanged
 from fleetenv.mcp.tools import Tool
+from fleetenv.runtime.plans import OnLoop, Plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Mapping

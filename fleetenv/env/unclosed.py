@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetenv import runtime
 from fleetenv.core.errors import FleetEnvError
-from fleetenv.env.driver import run_sync
+from fleetenv.runtime.plans import run_sync
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.env.instance import InstanceLease

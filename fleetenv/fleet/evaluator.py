@@ -10,7 +10,7 @@ the job and reads its results, over fleet-python's synchronous client:
 
 What the previous client's ``TaskEvaluator`` got wrong, and this one does not: its SDK
 calls were blocking calls inside ``async def`` (here the async twin runs them in a worker
-thread and pauses on the caller's loop, through ``fleetenv.env.driver``); a session
+thread and pauses on the caller's loop, through ``fleetenv.runtime.plans``); a session
 without a verifier score counted as 0.0 or 1.0 (here it is ``None``: unknown, not a
 grade); a failed or timed-out job was a quiet dict (here ``EvaluationFailed`` and
 ``DeadlineExceeded``, naming the job and what to do). Polling retries transient answers
@@ -41,7 +41,7 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.retry import Backoff, Deadline, RetryPolicy, is_retryable
 from fleetenv.core.tasks import Task
-from fleetenv.env.driver import Blocking, OnLoop, Plan, run_async, run_sync
+from fleetenv.runtime.plans import Blocking, OnLoop, Plan, run_async, run_sync
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.session import Session

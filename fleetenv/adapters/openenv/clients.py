@@ -22,9 +22,9 @@ from fleetenv.adapters.openenv.rendering import legacy_value
 from fleetenv.core.errors import ConfigurationError, InvalidActionError
 from fleetenv.core.tool_results import DEFAULT_MAX_TEXT_CHARS
 from fleetenv.core.types import Modality
-from fleetenv.env.driver import Blocking, Plan, run_async
 from fleetenv.fleet.session import Session
 from fleetenv.mcp.router import Endpoint, ToolRouter
+from fleetenv.runtime.plans import Blocking, Plan, run_async
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleet import SyncEnv

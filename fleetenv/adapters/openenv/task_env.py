@@ -39,8 +39,8 @@ from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task, select_tasks
 from fleetenv.core.types import ListTools, Observation
 from fleetenv.env.actions import SUBMIT_FINAL_ANSWER
-from fleetenv.env.driver import Blocking, Plan, run_async
 from fleetenv.env.fleet_env import FleetEnv
+from fleetenv.runtime.plans import Blocking, Plan, run_async
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.adapters.openenv.types import FleetObservation, FleetState, StepResult
