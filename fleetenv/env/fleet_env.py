@@ -176,6 +176,12 @@ class FleetEnv:
         return instance.root_url if instance else None
 
     @property
+    def region(self) -> str | None:
+        """The region Fleet reports for the instance (fleet-python's ``env.region``)."""
+        instance = self._lease.instance
+        return instance.env.region if instance else None
+
+    @property
     def rollout_id(self) -> str:
         return self._ref.rollout_id
 

@@ -70,6 +70,7 @@ class FleetEnvHandleView:
 
     instance_id: str
     urls: InstanceUrls
+    region: str | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,11 @@ class FleetTaskEnv:
         return self._env.root_url
 
     @property
+    def region(self) -> str | None:
+        """The region Fleet reports for the instance, as fleet-python's ``env.region``."""
+        return self._env.region
+
+    @property
     def tools(self) -> list[dict[str, Any]]:
         return self._env.openai_tools
 
@@ -259,7 +265,8 @@ class FleetTaskEnv:
         instance_id, root = self._env.instance_id, self._env.root_url
         if instance_id is None or root is None:
             return None
-        return OrchestratorView(FleetEnvHandleView(instance_id, InstanceUrls(root)))
+        return OrchestratorView(FleetEnvHandleView(instance_id, InstanceUrls(root),
+                                                   self._env.region))
 
     @property
     def _last_verifier_execution_id(self) -> str | None:
