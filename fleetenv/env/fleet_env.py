@@ -118,6 +118,7 @@ class FleetEnv:
         tool_call_format: str | None = None,
         no_tool_call: str | None = None,
         failed_parse_reward: float | None = None,
+        tool_endpoints: str | None = None,
     ) -> None:
         self.task = _as_task(task)
         given = EpisodeOptions.of(  # checked before a private session exists
@@ -126,7 +127,7 @@ class FleetEnv:
             run_tag=run_tag, check_arguments=check_arguments, tool_error_rule=tool_error_rule,
             partial_reward=partial_reward, context_tools=context_tools, meta_tools=meta_tools,
             tool_call_format=tool_call_format, no_tool_call=no_tool_call,
-            failed_parse_reward=failed_parse_reward)
+            failed_parse_reward=failed_parse_reward, tool_endpoints=tool_endpoints)
         install_signal_handlers()  # here: reset() may run in a worker thread
         self.session, self._owns_session = _pick_session(session, config, api_key, base_url)
         self.config: FleetConfig = self.session.config

@@ -48,8 +48,9 @@ _CREDENTIAL_HEADERS = ("Authorization", "X-JWT-Token", "X-Team-ID")
 class FleetMCPTools:
     """The agent's tools on an instance: list and call across ``mcp_urls``.
 
-    The first URL must answer; later ones are optional (skipped when absent, an error
-    when broken). A tool belongs to the first URL that lists it. ``call_deadline_s``
+    The tools of every URL; a tool belongs to the first URL that lists it. A URL may be
+    absent (404/405) when another serves tools; one that fails otherwise is an error
+    (the first URL's, when it is absent too). ``call_deadline_s``
     bounds each call, which is sent once: a call that may have run is never retried.
     ``max_retries``, ``initial_wait`` and ``max_backoff`` are accepted for compatibility
     and unused (session setup is retried inside ``connect_timeout_s`` budgets; there is

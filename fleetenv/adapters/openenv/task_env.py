@@ -41,6 +41,7 @@ from fleetenv.core.types import ListTools, Observation
 from fleetenv.env.actions import SUBMIT_FINAL_ANSWER
 from fleetenv.env.driver import Blocking, Plan, run_async
 from fleetenv.env.fleet_env import FleetEnv
+from fleetenv.env.options import EpisodeOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.adapters.openenv.types import FleetObservation, FleetState, StepResult
@@ -89,7 +90,9 @@ class FleetTaskEnv:
     bounds each tool call and database query, ``reset_timeout_s`` the instance reset
     (both default to the session's settings, 60 s and 10 s as in the original).
     ``partial_reward=True`` replaces a 0.0 score by the verifier's partial score
-    (accumulators, per-app results; see ``fleetenv.Grade``).
+    (accumulators, per-app results; see ``fleetenv.Grade``). A tool-use task is offered
+    the tools of both MCP endpoints, as in the original (``tool_endpoints="union"``;
+    ``"first"`` is ``FleetEnv``'s faster default).
     ``base_url`` and any other keyword (``session=``, ``episode_deadline_s=``, ...) go to
     :class:`fleetenv.FleetEnv`.
 
@@ -118,9 +121,13 @@ class FleetTaskEnv:
             fleet_env_kwargs["config"] = _config_with(settings, fleet_env_kwargs, api_key,
                                                       base_url)
             connection = {}
+        options = EpisodeOptions.of(fleet_env_kwargs.pop("options", None))
+        if options.tool_endpoints is None and fleet_env_kwargs.get("tool_endpoints") is None:
+            # The original listed the tools of both endpoints: so does its drop-in.
+            fleet_env_kwargs["tool_endpoints"] = "union"
         self.task_config = task.to_fleet_dict()
-        self._env = FleetEnv(task, ttl_seconds=ttl_seconds, max_steps=max_steps,
-                             partial_reward=partial_reward,
+        self._env = FleetEnv(task, options=options, ttl_seconds=ttl_seconds,
+                             max_steps=max_steps, partial_reward=partial_reward,
                              **connection, **fleet_env_kwargs)
         #: The chat so far, for judge verifiers that take ``conversation`` (set by the
         #: caller before a step or close, as in the original).
