@@ -33,6 +33,7 @@ from os import PathLike
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetenv.adapters.openenv import telemetry
+from fleetenv.adapters.openenv.compat import DropInConfigurationError, env_aliases
 from fleetenv.adapters.openenv.rendering import legacy_value
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.task_files import load_tasks
@@ -87,8 +88,10 @@ class FleetTaskEnv:
 
     The arguments are the original's. ``api_key`` may be left out: then
     ``FLEET_API_KEY``, or without one the embedded local Fleet. ``request_timeout_s``
-    bounds each tool call and database query, ``reset_timeout_s`` the instance reset
-    (both default to the session's settings, 60 s and 10 s as in the original).
+    bounds each tool call and database query (default: the original's
+    ``FLEET_CALL_TOOL_DEADLINE_S`` when set, else the session's 60 s), ``reset_timeout_s``
+    the instance reset (the session's 10 s, as in the original). A task config it cannot
+    read is a ``ValueError`` (and a ``ConfigurationError``), as in the original.
     ``partial_reward=True`` replaces a 0.0 score by the verifier's partial score
     (accumulators, per-app results; see ``fleetenv.Grade``). A tool-use task is offered
     the tools of both MCP endpoints, as in the original (``tool_endpoints="union"``;
@@ -114,6 +117,9 @@ class FleetTaskEnv:
         **fleet_env_kwargs: Any,
     ) -> None:
         task = _as_task(task_config)
+        aliases = env_aliases()
+        if request_timeout_s is None and fleet_env_kwargs.get("session") is None:
+            request_timeout_s = aliases.tool_deadline_s  # FLEET_CALL_TOOL_DEADLINE_S
         settings = _timeouts(request_timeout_s=request_timeout_s,
                              reset_timeout_s=reset_timeout_s)
         connection: dict[str, Any] = {"api_key": api_key, "base_url": base_url}
@@ -448,7 +454,11 @@ def _as_task(task_config: object) -> Task:
     if isinstance(task_config, Task):
         return task_config
     if isinstance(task_config, Mapping):
-        return Task.model_validate(dict(task_config))
+        try:
+            return Task.model_validate(dict(task_config))
+        except ConfigurationError as exc:  # the original: ValueError("... missing env_key")
+            context: dict[str, Any] = dict(exc.context)
+            raise DropInConfigurationError(exc.message, hint=exc.hint, **context) from None
     hint = ("for a task file use FleetTaskEnv.from_json_file(path, task_key)"
             if isinstance(task_config, str | PathLike) else "pass the task's dict")
     raise ConfigurationError(f"FleetTaskEnv needs a task config dict, got a "
