@@ -7,9 +7,10 @@ the endpoints before it serve no tool (absent, or listing none): a tool-use epis
 ``{root}mcp`` alone (one session, not two) and reaches for ``{root}api/v1/mcp`` only on
 images that serve their tools there (``union=True`` opens both at once and routes the
 tools of both, as the previous Fleet client listed them). A required endpoint that fails
-is an error that names it: the previous client silently continued with a shorter tool list, which
-once dropped the ``computer`` tool from whole training runs. An optional endpoint that is
-simply not there (HTTP 404/405) is skipped; any other failure of it is an error too.
+is an error that names it: the previous client silently continued with a shorter tool
+list, which once dropped the ``computer`` tool from whole training runs. An optional
+endpoint that is simply not there (HTTP 404/405) is skipped; any other failure of it is
+an error too.
 """
 
 from __future__ import annotations

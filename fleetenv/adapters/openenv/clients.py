@@ -53,9 +53,9 @@ class FleetMCPTools:
 
     The tools of every URL; a tool belongs to the first URL that lists it. A URL may be
     absent (404/405) when another serves tools; one that fails otherwise is an error
-    (the first URL's, when it is absent too). ``call_deadline_s``
-    bounds each call (default: ``FLEET_CALL_TOOL_DEADLINE_S``, else 90 s, as in the
-    original), which is sent once: a call that may have run is never retried.
+    (the first URL's, when it is absent too). ``call_deadline_s`` bounds each call
+    (default: ``FLEET_CALL_TOOL_DEADLINE_S``, else 90 s, as in the original), which is
+    sent once: a call that may have run is never retried.
     ``max_retries``, ``initial_wait`` and ``max_backoff`` are accepted for compatibility
     and unused (session setup is retried inside ``connect_timeout_s`` budgets; there is
     no fixed 8 s wait). Requests carry ``Authorization: Bearer <api_key>``, as in the

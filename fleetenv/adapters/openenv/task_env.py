@@ -117,9 +117,9 @@ class FleetTaskEnv:
         **fleet_env_kwargs: Any,
     ) -> None:
         task = _as_task(task_config)
-        aliases = env_aliases()
+        deadline_s = env_aliases().tool_deadline_s  # and the browser-lease aliases, once
         if request_timeout_s is None and fleet_env_kwargs.get("session") is None:
-            request_timeout_s = aliases.tool_deadline_s  # FLEET_CALL_TOOL_DEADLINE_S
+            request_timeout_s = deadline_s  # the original's FLEET_CALL_TOOL_DEADLINE_S
         settings = _timeouts(request_timeout_s=request_timeout_s,
                              reset_timeout_s=reset_timeout_s)
         connection: dict[str, Any] = {"api_key": api_key, "base_url": base_url}
