@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import fleet
 import pytest
 from _support.fixtures_local import TEST_APPS
 from fleet import exceptions as fx
@@ -97,3 +98,45 @@ def test_a_fleet_env_creates_in_its_configured_region(regional: LocalFleet) -> N
     with FleetEnv(task, config=wrong) as env, pytest.raises(PermanentProvisioningError,
                                                             match="valid regions"):
         env.reset()
+
+
+# ---------------------------------------------------------------- Fleet's region names
+
+
+def test_fleet_python_creates_in_fleets_regions_on_a_default_local_fleet(
+        notes_fleet: LocalFleet) -> None:
+    """fleet-python's own integration tests create in ``us-west-1``: a local Fleet with its
+    default settings accepts Fleet's region names (``local`` stays the default), reports
+    the region back, and answers any other name with Fleet's 400."""
+    client = fleet.Fleet(api_key=notes_fleet.token, base_url=notes_fleet.base_url)
+    assert client.list_regions() == ["local", "us-west-1", "us-east-1", "eu-west-2"]
+    west, default = client.make("notes", region="us-west-1"), client.make("notes")
+    try:
+        assert (west.region, default.region) == ("us-west-1", "local")
+        assert client.instance(west.instance_id).region == "us-west-1"
+    finally:
+        west.close()
+        default.close()
+    with pytest.raises(fx.FleetRegionError) as unknown:
+        client.make("notes", region="staging")  # a deployment in fleet-python, not a region
+    assert unknown.value.status_code == 400
+    assert "Region staging not supported" in str(unknown.value)
+    assert unknown.value.supported_regions == ["local", "us-west-1", "us-east-1", "eu-west-2"]
+
+
+def test_fleet_env_and_the_drop_in_report_the_region(notes_fleet: LocalFleet) -> None:
+    from fleetenv import FleetEnv, Task
+    from fleetenv.adapters.openenv import FleetTaskEnv
+    from fleetenv.core.config import resolve_config
+
+    task = Task(key="notes-region-report", prompt="p", env_key="notes")
+    config = resolve_config(api_key=notes_fleet.token, base_url=notes_fleet.base_url,
+                            region="us-east-1")
+    with FleetEnv(task, config=config) as env:
+        assert env.region is None  # no instance yet
+        env.reset()
+        assert env.region == "us-east-1"
+    with FleetTaskEnv(task, api_key=notes_fleet.token, base_url=notes_fleet.base_url) as ported:
+        ported.reset()
+        assert ported.region == "local"
+        assert ported._orch is not None and ported._orch._fleet_env.region == "local"

@@ -374,6 +374,80 @@ def test_multi_app_edge_cases() -> None:
     assert parse_partial("App crm: 1.0\n" + acc(["a"], ["b"])).score == 0.5
 
 
+# Partial rewards at the edges (issue 26, item 3): each input scored side by side with the
+# previous client's parser; the decision and its reason are in docs/porting.md.
+
+
+def test_partial_app_line_other_than_1_is_a_failed_app() -> None:
+    """``App a: 2``: the original passes an app only on 1, so 2 is a failed real app
+    (fleetenv read ``>= 1`` as a pass before). Matched: reward parity."""
+    stdout = app_block("a", 2, acc([], ["did the a work"])) + app_block("b", 1, acc([], ["ok"]))
+    parsed = parse_multi_app(stdout)
+    assert parsed.score == 0.5
+    assert parsed.apps["a"] == AppGrade(2.0) and not parsed.apps["a"].passed
+    assert parse_multi_app("App a: 01\n").score == 1.0  # the original read int("01") == 1
+
+
+def test_partial_app_passing_by_a_pass_no_filesystem_changes_line_is_trivial() -> None:
+    """An app shown passing only by ``PASS: No filesystem changes`` without a SUCCESS
+    block: the original counts it (0.5); fleetenv keeps it out (0.0), since it passed
+    only because nothing changed there, the case the trivial rule exists for."""
+    stdout = (app_block("crm", 0, acc(["no owner set"], []))
+              + app_block("files", 1, "PASS: No filesystem changes"))
+    parsed = parse_multi_app(stdout)
+    assert parsed.score == 0.0
+    assert parsed.apps["files"] == AppGrade(1.0, trivial=True)
+
+
+def test_partial_app_listed_twice_counts_twice() -> None:
+    """The same app's verdict printed twice: the original counts each line; fleetenv
+    kept only the last one (a failed verdict could vanish). Matched."""
+    stdout = (app_block("crm", 0, acc(["no owner set"], [])) + "App crm: 1\n"
+              + app_block("mail", 1, acc([], ["reply sent"])))
+    parsed = parse_multi_app(stdout)
+    assert parsed.score == pytest.approx(2 / 3)
+    assert parsed.apps == {"crm": AppGrade(0.0), "crm#2": AppGrade(1.0),
+                           "mail": AppGrade(1.0)}
+
+
+def test_partial_app_block_without_its_end_marker_is_a_real_app() -> None:
+    """``<<< VERIFY_x <<<`` without ``>>> VERIFY_x >>>``: the original finds no block, so
+    the app is real; fleetenv read to the end of the stdout, where another app's "no
+    unexpected changes" made x trivial. Matched: an app leaves the grade only on the
+    evidence of its own complete block."""
+    stdout = ("<<< VERIFY_x <<<\nPASS: report written\nApp x: 1\n"
+              + app_block("mail", 1, acc([], ["Verified no unexpected changes"]))
+              + app_block("crm", 0, ">>> ERROR_ACCUMULATOR >>>\n['no owner']\n"
+                                    "<<< ERROR_ACCUMULATOR <<<"))
+    parsed = parse_multi_app(stdout)
+    assert parsed.score == 0.5
+    assert parsed.apps["x"] == AppGrade(1.0) and parsed.apps["mail"].trivial
+
+
+def test_partial_accumulator_written_as_a_string_literal_is_unreadable() -> None:
+    """``'[X] a'`` instead of ``['[X] a']``: the original counts the string's characters
+    (1 / 6 here); fleetenv gives no partial score, so the strict 0.0 stands. A string is
+    not a list of checks, and its length is not a score."""
+    stdout = acc(["placeholder"], ["ok"]).replace("['placeholder']", "'[X] a'")
+    assert parse_accumulators(stdout) is None
+    assert parse_partial(stdout).score is None
+
+
+def test_multi_app_parse_is_linear_in_the_stdout() -> None:
+    """60 000 app lines after 2 MB of output, none with a VERIFY block: a search of the
+    whole stdout per line took minutes; one pass per marker takes well under a second.
+    Nested blocks are judged by lookups too, never by searching each block again."""
+    stdout = "x" * 2_000_000 + "\n" + "".join(f"App app{i}: 1\n" for i in range(60_000))
+    nested = ("".join(f"<<< VERIFY_n{i} <<<\n" for i in range(20_000))
+              + "No unexpected changes\n"
+              + "".join(f">>> VERIFY_n{i} >>>\n" for i in reversed(range(20_000)))
+              + "".join(f"App n{i}: 1\n" for i in range(20_000)))
+    started = time.monotonic()
+    assert parse_partial(stdout).score == 1.0
+    assert parse_partial(nested).score is None  # every app trivial: no real app
+    assert time.monotonic() - started < 10  # generous: proves it does not hang
+
+
 def test_app_lines_take_precedence_over_accumulators() -> None:
     """§6.4: if any app line is present, only the multi-app rule applies, even when it
     gives no score and the accumulators would."""

@@ -136,7 +136,7 @@ def test_versions_data_and_listing(notes_fleet: LocalFleet, notes_client: Any) -
         envs = {e.env_key: e for e in notes_client.list_envs()}
         assert envs["notes"].default_version == "v1"
         assert notes_client.environment("notes").versions == {"v1": "v1", "v2": "v2"}
-        assert notes_client.list_regions() == ["local"]
+        assert notes_client.list_regions() == ["local", "us-west-1", "us-east-1", "eu-west-2"]
         assert notes_client.account().instance_limit >= 1
     finally:
         stopped = notes_client.close_all(run_id=run_id)

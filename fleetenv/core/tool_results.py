@@ -134,7 +134,8 @@ class ImageBlock:
 
     @property
     def data_url(self) -> str:
-        return _data_url(self.mime_type, self.data)
+        # No type given: PNG, as the previous client said (a bare "data:;base64," is text).
+        return _data_url(self.mime_type or "image/png", self.data)
 
 
 @dataclass(frozen=True)

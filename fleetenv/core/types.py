@@ -378,13 +378,14 @@ class AppGrade:
     """One app's verdict in a multi-app verifier's output."""
 
     score: float
-    """What its ``App <name>: n`` line said (``1.0`` passed, ``0.0`` failed)."""
+    """What its ``App <name>: n`` line said (``1.0`` passed; ``0.0``, or any other
+    number, did not)."""
     trivial: bool = False
     """It passed only because nothing changed there; excluded from the partial score."""
 
     @property
     def passed(self) -> bool:
-        return self.score >= 1.0
+        return self.score == 1.0
 
 
 @dataclass(frozen=True)

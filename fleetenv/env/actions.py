@@ -26,14 +26,21 @@ __all__ = ["SUBMIT_FINAL_ANSWER", "SUBMIT_FINAL_ANSWER_TOOL", "parse_action"]
 #: to MCP.
 SUBMIT_FINAL_ANSWER = "submit_final_answer"
 
+#: Worded as the previous client's, which mirrors Fleet's harness answer tool
+#: (``ANSWER_SUBMISSION_TOOL``): part of the prompt policies trained on Fleet saw.
 SUBMIT_FINAL_ANSWER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": SUBMIT_FINAL_ANSWER,
-        "description": "Submit your final answer to the task. This ends the episode.",
+        "description": (
+            "Submit your final answer to complete the task. Use this when you have "
+            "finished the task and want to provide your answer for verification. If the "
+            "requested answer asks for json, then write your response in the answer "
+            "field using json brackets."
+        ),
         "parameters": {
             "type": "object",
-            "properties": {"answer": {"type": "string", "description": "The final answer."}},
+            "properties": {"answer": {"type": "string", "description": "Your final answer"}},
             "required": ["answer"],
         },
     },

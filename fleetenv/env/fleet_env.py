@@ -10,17 +10,13 @@ Lifecycle::
                 break                            # reward is the grade (or None: unknown)
     # close(): grade an abandoned episode, close MCP sessions, delete the instance
 
-Who owns what: the :class:`~fleetenv.Session` owns settings, caps, retries and the
-event bus; :class:`~fleetenv.EpisodeOptions` say how episodes are played;
-:class:`~fleetenv.env.instance.InstanceLease` owns this env's instance;
-:class:`~fleetenv.env.toolbox.Toolbox` owns its MCP sessions and the tools it offers;
-:class:`~fleetenv.env.calls.StepActions` runs a step's tool calls and other actions;
-:class:`~fleetenv.env.state.EpisodeState` owns the counters and outcome of the current
-episode; :class:`~fleetenv.env.grading.Grader` grades it once and reports its end. What
-goes in and comes out is :mod:`fleetenv.core.types`. This class routes between them,
-and that is all.
+Who owns what: the :class:`~fleetenv.Session` (settings, caps, retries, events),
+:class:`~fleetenv.EpisodeOptions` (how episodes are played), ``InstanceLease`` (the
+instance), ``Toolbox`` (MCP sessions and tools), ``StepActions`` (a step's actions),
+``EpisodeState`` (the current episode) and ``Grader`` (one grade, one end report); what
+goes in and out is :mod:`fleetenv.core.types`. This class routes between them.
 
-Rules this object keeps, each one a bug the previous Fleet client had:
+Rules this object keeps:
 
 - The verifier runs exactly once per episode: when it ends, or at ``close()`` for an
   episode the caller abandoned; its grade is kept even if the caller is cancelled.
@@ -118,6 +114,7 @@ class FleetEnv:
         tool_call_format: str | None = None,
         no_tool_call: str | None = None,
         failed_parse_reward: float | None = None,
+        tool_endpoints: str | None = None,
     ) -> None:
         self.task = _as_task(task)
         given = EpisodeOptions.of(  # checked before a private session exists
@@ -126,7 +123,7 @@ class FleetEnv:
             run_tag=run_tag, check_arguments=check_arguments, tool_error_rule=tool_error_rule,
             partial_reward=partial_reward, context_tools=context_tools, meta_tools=meta_tools,
             tool_call_format=tool_call_format, no_tool_call=no_tool_call,
-            failed_parse_reward=failed_parse_reward)
+            failed_parse_reward=failed_parse_reward, tool_endpoints=tool_endpoints)
         install_signal_handlers()  # here: reset() may run in a worker thread
         self.session, self._owns_session = _pick_session(session, config, api_key, base_url)
         self.config: FleetConfig = self.session.config
@@ -174,6 +171,12 @@ class FleetEnv:
     def root_url(self) -> str | None:
         instance = self._lease.instance
         return instance.root_url if instance else None
+
+    @property
+    def region(self) -> str | None:
+        """The region Fleet reports for the instance (fleet-python's ``env.region``)."""
+        instance = self._lease.instance
+        return instance.env.region if instance else None
 
     @property
     def rollout_id(self) -> str:

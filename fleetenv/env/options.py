@@ -20,8 +20,8 @@ from fleetenv.env.tool_call_parsing import PARSE_FORMATS
 from fleetenv.mcp.arguments import ArgumentsMode, check_mode
 from fleetenv.mcp.error_rules import ToolErrorRule, resolve_rule
 
-__all__ = ["NO_TOOL_CALL_MODES", "OPTION_NAMES", "PARTIAL_REWARD_KEY", "EpisodeOptions",
-           "ResolvedOptions"]
+__all__ = ["NO_TOOL_CALL_MODES", "OPTION_NAMES", "PARTIAL_REWARD_KEY", "TOOL_ENDPOINT_MODES",
+           "EpisodeOptions", "ResolvedOptions"]
 
 #: Task metadata that turns partial rewards on for the task (a bool); the
 #: ``partial_reward`` option overrides it.
@@ -31,6 +31,10 @@ PARTIAL_REWARD_KEY = "partial_reward"
 #: answer (``Done`` when there is no text), or nothing (the turn counts, the agent is
 #: told it made no call).
 NO_TOOL_CALL_MODES = ("final_answer", "noop")
+#: Which MCP endpoints a tool-use episode opens (``fleetenv.mcp.router.endpoints_for``):
+#: ``{root}mcp``, and ``{root}api/v1/mcp`` only when the first serves no tool; or both,
+#: at once, offering the union of their tools (the previous Fleet client's way).
+TOOL_ENDPOINT_MODES = ("first", "union")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,11 @@ class EpisodeOptions:
     turn counts, nothing runs). See docs/episodes.md."""
     failed_parse_reward: float | None = None
     """The reward of a step whose turn could not be read (``None``: the usual 0.0)."""
+    tool_endpoints: str | None = None
+    """Which MCP endpoints a tool-use episode opens: ``"first"`` (the default: one
+    session, ``{root}mcp``, and ``{root}api/v1/mcp`` only when the first serves no tool)
+    or ``"union"`` (both at once, and the tools of both, ``{root}mcp``'s first, as the
+    previous Fleet client listed them; the OpenEnv drop-in's default). docs/mcp.md."""
 
     def __post_init__(self) -> None:
         if self.check_arguments is not None:
@@ -96,6 +105,8 @@ class EpisodeOptions:
         object.__setattr__(self, "tool_call_format", _choice(
             fmt.lower() if isinstance(fmt, str) else fmt, PARSE_FORMATS, "tool_call_format"))
         _choice(self.no_tool_call, NO_TOOL_CALL_MODES, "no_tool_call")
+        if self.tool_endpoints is not None:
+            _choice(self.tool_endpoints, TOOL_ENDPOINT_MODES, "tool_endpoints")
         if self.failed_parse_reward is not None:
             object.__setattr__(self, "failed_parse_reward", finite_reward(
                 self.failed_parse_reward, field="failed_parse_reward",
@@ -129,7 +140,8 @@ class EpisodeOptions:
             "tool_error_rule": (config.tool_error_rule if self.tool_error_rule is None
                                 else self.tool_error_rule),
             "partial_reward": (bool(task.metadata.get(PARTIAL_REWARD_KEY, False))
-                               if self.partial_reward is None else self.partial_reward)})
+                               if self.partial_reward is None else self.partial_reward),
+            "tool_endpoints": self.tool_endpoints or TOOL_ENDPOINT_MODES[0]})
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,7 @@ class ResolvedOptions(EpisodeOptions):
     check_arguments: ArgumentsMode = "strict"
     tool_error_rule: str | ToolErrorRule = "fleet"
     partial_reward: bool = False
+    tool_endpoints: str = "first"
 
 
 #: The names of the options, in declaration order.

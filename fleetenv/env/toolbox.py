@@ -77,6 +77,7 @@ class Toolbox:
                                 *(meta_tool_specs() if meta_tools else [])]}
         self.config = config
         self.max_text_chars = options.max_text_chars
+        self.tool_endpoints = options.tool_endpoints
         self.router: ToolRouter | None = None
         self.tools: list[Tool] = []
         self.openai_tools: list[dict[str, Any]] = []
@@ -115,7 +116,8 @@ class Toolbox:
                 browser_url = f"{root_url}api/v1/mcp"
         router = ToolRouter(
             endpoints if endpoints is not None else
-            endpoints_for(root_url, self.task.modality, browser_url, headers=headers),
+            endpoints_for(root_url, self.task.modality, browser_url, headers=headers,
+                          union=self.tool_endpoints == "union"),
             connect_timeout_s=self.config.timeouts.connect,
             call_timeout_s=self.config.timeouts.call,
             read_timeout_s=self.config.timeouts.read,

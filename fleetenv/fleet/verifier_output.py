@@ -16,6 +16,12 @@ of running experiments depend on them:
   "No-unexpected-envelopes") is *trivial* and counts for nothing: it would pay an agent
   for doing nothing there.
 
+Where the previous client's parser and this one differ at the edges, and why, is listed
+in docs/porting.md ("Partial rewards at the edges"): the same rules, except that a
+``PASS: No filesystem changes`` line makes an app trivial without a ``SUCCESS`` block, and
+an accumulator that is not a list literal is unreadable (the original counted a string's
+characters).
+
 Which verifiers want the conversation is decided from the parsed source (``ast``), not a
 regular expression: the original's regex missed multi-line signatures and defaults that
 contain parentheses. Each source is parsed once (cached).
@@ -30,6 +36,7 @@ another library's thread clashed with it anyway.
 from __future__ import annotations
 
 import ast
+import bisect
 import functools
 import logging
 import re
@@ -58,7 +65,10 @@ _AST_ATTEMPTS = 3
 MAX_ACCUMULATOR_CHARS = 1 << 20
 _JUDGE_ERROR = re.compile(r"^JUDGE ERROR:", re.MULTILINE)
 _APP_LINE = re.compile(r"^App (\S+): (\d+)$", re.MULTILINE)
+#: ``<<< VERIFY_<name> <<<`` (an app's block opens) or ``>>> VERIFY_<name> >>>`` (closes).
+_VERIFY_MARKER = re.compile(r"(<<<|>>>) VERIFY_(\S+) \1")
 _TRIVIAL_MARKERS = ("no unexpected changes", "no filesystem changes", "no-unexpected-envelopes")
+_TRIVIAL = re.compile("|".join(map(re.escape, _TRIVIAL_MARKERS)), re.IGNORECASE)
 
 
 def _build_ast(build: Callable[[], _T]) -> _T:
@@ -90,6 +100,7 @@ def _block(stdout: str, name: str) -> str | None:
 
 _ERRORS = "ERROR_ACCUMULATOR"
 _SUCCESSES = "SUCCESS_ACCUMULATOR"
+_SUCCESS_HEAD, _SUCCESS_TAIL = f">>> {_SUCCESSES} >>>\n", f"\n<<< {_SUCCESSES} <<<"
 
 
 @dataclass(frozen=True)
@@ -137,40 +148,104 @@ def parse_accumulators(stdout: str) -> float | None:
     return successes / (errors + successes)
 
 
-def _app_block(stdout: str, name: str) -> str | None:
-    start, end = f"<<< VERIFY_{name} <<<", f">>> VERIFY_{name} >>>"
-    head = stdout.find(start)
-    if head < 0:
-        return None
-    tail = stdout.find(end, head + len(start))
-    return stdout[head + len(start): tail if tail >= 0 else len(stdout)]
+class _Markers:
+    """Where one stdout's markers are, each kind found in one pass, so that every app's
+    block is judged by lookups (``bisect``) instead of new searches of the stdout: the
+    parse stays linear in its size however many apps and blocks it has."""
+
+    def __init__(self, stdout: str) -> None:
+        self.blocks = _verify_blocks(stdout)
+        self.success_heads = _positions(stdout, _SUCCESS_HEAD)
+        self.success_tails = _positions(stdout, _SUCCESS_TAIL)
+        #: (start, end) of each trivial marker, any case; they never overlap, so both
+        #: the starts and the ends are in order.
+        self.trivial = [match.span() for match in _TRIVIAL.finditer(stdout)]
+
+    def is_trivial(self, name: str) -> bool:
+        """A passed app's output only says that nothing changed.
+
+        The text searched is the app's ``SUCCESS_ACCUMULATOR`` block when it printed one,
+        else its whole ``VERIFY`` block (``PASS: ...`` lines of file checks). An app
+        without a complete ``VERIFY`` block is not trivial: leaving it out of the grade
+        needs its own output as the evidence.
+        """
+        block = self.blocks.get(name)
+        if block is None:
+            return False
+        start, end = block
+        # The first SUCCESS block inside this one, as _block() finds it in the block's text.
+        head = _first_within(self.success_heads, start, end - len(_SUCCESS_HEAD))
+        if head is not None:
+            body = head + len(_SUCCESS_HEAD)
+            tail = _first_within(self.success_tails, body + 1, end - len(_SUCCESS_TAIL))
+            if tail is not None:
+                start, end = body, tail
+        first = bisect.bisect_left(self.trivial, (start, 0))
+        return first < len(self.trivial) and self.trivial[first][1] <= end
 
 
-def _is_trivial(block: str | None) -> bool:
-    """A passed app's output only says that nothing changed.
+def _verify_blocks(stdout: str) -> dict[str, tuple[int, int]]:
+    """Each app's first complete ``VERIFY`` block, as (start, end) of the text between
+    ``<<< VERIFY_<name> <<<`` and the next ``>>> VERIFY_<name> >>>``. One pass."""
+    opened: dict[str, int] = {}
+    blocks: dict[str, tuple[int, int]] = {}
+    for marker in _VERIFY_MARKER.finditer(stdout):
+        kind, name = marker.group(1), marker.group(2)
+        if name in blocks:
+            continue
+        if kind == "<<<":
+            opened.setdefault(name, marker.end())
+        elif name in opened:
+            blocks[name] = (opened[name], marker.start())
+    return blocks
 
-    The text searched is the app's ``SUCCESS_ACCUMULATOR`` block when it printed one,
-    else its whole ``VERIFY`` block (``PASS: ...`` lines of file checks).
-    """
-    if block is None:
-        return False
-    successes = _block(block, _SUCCESSES)
-    text = (block if successes is None else successes).lower()
-    return any(marker in text for marker in _TRIVIAL_MARKERS)
+
+def _positions(text: str, needle: str) -> list[int]:
+    """Where ``needle`` starts in ``text``, in order (one pass)."""
+    found: list[int] = []
+    at = text.find(needle)
+    while at >= 0:
+        found.append(at)
+        at = text.find(needle, at + 1)
+    return found
+
+
+def _first_within(positions: list[int], start: int, last: int) -> int | None:
+    """The first of the sorted ``positions`` in ``[start, last]``, or None."""
+    index = bisect.bisect_left(positions, start)
+    if index < len(positions) and positions[index] <= last:
+        return positions[index]
+    return None
 
 
 def parse_multi_app(stdout: str) -> PartialScore:
-    """Per-app verdicts and ``real passed / real apps`` (``None`` without a real app)."""
+    """Per-app verdicts and ``real passed / real apps`` (``None`` without a real app).
+
+    An app passed when its line says 1 (``App a: 2`` did not pass, as in the original).
+    Every line counts, so an app printed twice counts twice, as in the original; its
+    second verdict is ``apps["<name>#2"]``.
+    """
+    markers = _Markers(stdout)
     apps: dict[str, AppGrade] = {}
+    seen: dict[str, int] = {}
     for match in _APP_LINE.finditer(stdout):
-        name, value = match.group(1), float(int(match.group(2)))
-        passed = value >= 1.0
-        apps[name] = AppGrade(score=value,
-                              trivial=passed and _is_trivial(_app_block(stdout, name)))
+        name, digits = match.group(1), match.group(2)
+        passed = digits.lstrip("0") == "1"
+        grade = AppGrade(score=float(digits), trivial=passed and markers.is_trivial(name))
+        apps[_unique_key(apps, seen, name)] = grade
     real = [app for app in apps.values() if not app.trivial]
     if not real:
         return PartialScore(None, apps)
     return PartialScore(sum(app.passed for app in real) / len(real), apps)
+
+
+def _unique_key(apps: dict[str, AppGrade], seen: dict[str, int], name: str) -> str:
+    """``name``, or ``name#2``, ``name#3``... for its later verdicts."""
+    key = name
+    while key in apps:
+        seen[name] = seen.get(name, 1) + 1
+        key = f"{name}#{seen[name]}"
+    return key
 
 
 def parse_partial(stdout: str | None) -> PartialScore:

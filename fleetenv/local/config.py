@@ -18,6 +18,12 @@ if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads 
     from fleetenv.local.apps.base import AppSpec
 
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+#: The regions fleet-python routes to Fleet (its ``fleet.config.REGION_BASE_URL``; its
+#: ``staging`` there is a deployment, not a region).
+FLEET_REGIONS = ("us-west-1", "us-east-1", "eu-west-2")
+#: What a local Fleet serves by default: ``local`` (the default region), then Fleet's, so
+#: a program that names one of Fleet's regions runs unchanged against it.
+DEFAULT_REGIONS = ("local", *FLEET_REGIONS)
 
 
 class LocalFleetError(RuntimeError):
@@ -63,8 +69,9 @@ class LocalFleetConfig:
     runner_token: str = field(default="", repr=False)  # a secret: never in reprs or logs
     """The ``X-Runner-Token`` every instance-manager request must carry (served to API-key
     holders at ``GET /v1/runner-auth/token``); empty: the manager routes are not gated."""
-    regions: tuple[str, ...] = ("local",)
-    """The regions creates may name; any other region is Fleet's 400 "not supported"."""
+    regions: tuple[str, ...] = DEFAULT_REGIONS
+    """The regions creates may name, the default first; any other region is Fleet's 400
+    "not supported"."""
     browser: bool = True
     """Give instances a ``cdp`` resource when a Chromium is installed (``chromium``)."""
     chromium: str | None = None

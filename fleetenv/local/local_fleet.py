@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from fleetenv.local.config import (
+    DEFAULT_REGIONS,
     HarnessFactory,
     LocalFleetConfig,
     LocalFleetError,
@@ -101,7 +102,8 @@ class LocalFleet:
     ``instance_limit`` live instances before creates get Fleet's 403.
     ``runner_token_gate``: instance-manager routes answer 404 without the
     ``X-Runner-Token`` served at ``/v1/runner-auth/token``, as gated Fleet clusters do.
-    ``regions``: what ``/v1/regions`` lists and creates may name (others: Fleet's 400).
+    ``regions``: what ``/v1/regions`` lists and creates may name, the first being the
+    default (others: Fleet's 400); by default ``local``, then Fleet's own regions.
     ``browser``: instances offer a ``cdp`` resource backed by a headless Chromium
     (``chromium``: its executable; default: found on PATH); without one, no ``cdp``.
     ``require_mcp_auth``: instances' MCP endpoints answer 401 without the API key
@@ -129,7 +131,7 @@ class LocalFleet:
         instance_limit: int = 1000,
         startup_timeout: float = 30.0,
         runner_token_gate: bool = True,
-        regions: tuple[str, ...] = ("local",),
+        regions: tuple[str, ...] = DEFAULT_REGIONS,
         browser: bool = True,
         chromium: str | None = None,
         require_mcp_auth: bool = False,

@@ -5,10 +5,12 @@ An episode talks to one to three endpoints (see `endpoints_for`). The router ope
 endpoint (in the given order) that lists it. A *fallback* endpoint is opened only when
 the endpoints before it serve no tool (absent, or listing none): a tool-use episode opens
 ``{root}mcp`` alone (one session, not two) and reaches for ``{root}api/v1/mcp`` only on
-images that serve their tools there. A required endpoint that fails is an error
-that names it: the previous client silently continued with a shorter tool list, which
-once dropped the ``computer`` tool from whole training runs. An optional endpoint that is
-simply not there (HTTP 404/405) is skipped; any other failure of it is an error too.
+images that serve their tools there (``union=True`` opens both at once and routes the
+tools of both, as the previous Fleet client listed them). A required endpoint that fails
+is an error that names it: the previous client silently continued with a shorter tool
+list, which once dropped the ``computer`` tool from whole training runs. An optional
+endpoint that is simply not there (HTTP 404/405) is skipped; any other failure of it is
+an error too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import difflib
 import functools
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,14 +41,16 @@ __all__ = ["MODALITIES", "Endpoint", "ToolRouter", "endpoints_for"]
 
 MODALITIES = ("tool_use", "computer_use", "browser_use")
 
+logger = logging.getLogger("fleetenv.mcp")
+
 
 @dataclass(frozen=True)
 class Endpoint:
     """One MCP endpoint of an episode. ``headers`` (auth) are never shown in reprs.
 
-    A ``fallback`` endpoint is opened only if no endpoint before it serves a tool; a
-    required endpoint that is absent (404/405) is then no error when its fallback
-    serves tools.
+    A ``fallback`` endpoint is opened only if no endpoint before it serves a tool. A
+    required endpoint that is absent (404/405) is no error when a fallback or optional
+    endpoint serves tools.
     """
 
     url: str
@@ -60,12 +65,15 @@ def endpoints_for(
     browser_mcp_url: str | None = None,
     *,
     headers: Mapping[str, str] | None = None,
+    union: bool = False,
 ) -> list[Endpoint]:
     """The endpoints an episode of ``modality`` uses on an instance whose base URL is ``root``.
 
     ``tool_use``: ``{root}mcp`` (required), then ``{root}api/v1/mcp`` as its fallback
     (opened only when ``{root}mcp`` serves no tool: some images serve their tools there;
-    elsewhere it serves only ``computer``, which a tool-use episode does not offer).
+    elsewhere it serves only ``computer``, which a tool-use episode does not offer). With
+    ``union``, ``{root}api/v1/mcp`` is opened with ``{root}mcp`` and its tools are added
+    (it may be absent; ``{root}mcp`` too, when it serves tools).
     ``computer_use``: ``{root}api/v1/mcp``. ``browser_use``: the browser
     lease's MCP URL, which must be given. ``headers`` (the instance's credentials) go only
     to endpoints under ``root``: a lease elsewhere has its own credential, and the Fleet
@@ -75,7 +83,7 @@ def endpoints_for(
     if modality == "tool_use":
         return [
             Endpoint(f"{base}mcp", required=True, headers=headers),
-            Endpoint(f"{base}api/v1/mcp", required=False, headers=headers, fallback=True),
+            Endpoint(f"{base}api/v1/mcp", required=False, headers=headers, fallback=not union),
         ]
     if modality == "computer_use":
         return [Endpoint(f"{base}api/v1/mcp", required=True, headers=headers)]
@@ -299,6 +307,9 @@ class ToolRouter:
             except Exception:
                 await self.aclose()
                 raise
+            logger.debug("MCP endpoints opened: %s; absent: %s; not opened: %s",
+                         [c.url for c in self._open_connections()], self._skipped,
+                         self._unused)
 
     @on_fleetenv_loop
     async def alist_tools(self) -> list[Tool]:
@@ -399,7 +410,8 @@ class ToolRouter:
         tools: list[Tool] = []
         owners: dict[str, MCPConnection] = {}
         skipped: list[str] = []
-        rescued = any(endpoint.fallback and outcomes.get(endpoint.url, False) is None
+        rescued = any((endpoint.fallback or not endpoint.required)
+                      and outcomes.get(endpoint.url, False) is None
                       and self._connections[endpoint.url]._tools
                       for endpoint in self.endpoints)
         for endpoint in self.endpoints:

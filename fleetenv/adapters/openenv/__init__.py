@@ -5,7 +5,8 @@ Porting is one changed import line::
     from fleetenv.adapters.openenv import FleetTaskEnv, configure_fleet_telemetry
     # was: from envs.fleet_env import FleetTaskEnv, configure_fleet_telemetry
 
-- ``FleetTaskEnv`` / ``make_fleet_task_env``: the task env (``task_env.py``).
+- ``FleetTaskEnv`` / ``make_fleet_task_env``: the task env (``task_env.py``), and
+  ``SUBMIT_FINAL_ANSWER_TOOL``, the local tool it offers when the task wants an answer.
 - ``FleetEnvClient`` / ``FleetMCPTools``: the orchestrator and tool handles
   (``clients.py``).
 - ``configure_fleet_telemetry`` (+ ``set_task_context`` / ``clear_task_context``): the
@@ -44,6 +45,7 @@ from fleetenv.adapters.openenv.telemetry import (
     configure_fleet_telemetry,
     set_task_context,
 )
+from fleetenv.env.actions import SUBMIT_FINAL_ANSWER_TOOL
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.adapters.openenv.types import (
@@ -58,6 +60,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "CONTEXT_TOOLS",
     "CONTEXT_TOOL_NAMES",
+    "SUBMIT_FINAL_ANSWER_TOOL",
     "CallToolAction",
     "ContextManager",
     "FleetAction",

@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetenv import runtime
+from fleetenv.adapters.openenv.compat import DropInToolNotFoundError, env_aliases
 from fleetenv.adapters.openenv.rendering import legacy_value
-from fleetenv.core.errors import ConfigurationError, InvalidActionError
+from fleetenv.core.errors import ConfigurationError, InvalidActionError, ToolNotFoundError
 from fleetenv.core.tool_results import DEFAULT_MAX_TEXT_CHARS
 from fleetenv.core.types import Modality
 from fleetenv.fleet.session import Session
@@ -43,14 +44,18 @@ __all__ = ["FleetEnvClient", "FleetMCPTools"]
 T = TypeVar("T")
 #: fleet-python's credential headers, sent to MCP endpoints too (as ``FleetEnv`` does).
 _CREDENTIAL_HEADERS = ("Authorization", "X-JWT-Token", "X-Team-ID")
+#: The original's default bound of one tool call.
+_CALL_DEADLINE_S = 90.0
 
 
 class FleetMCPTools:
     """The agent's tools on an instance: list and call across ``mcp_urls``.
 
-    The first URL must answer; later ones are optional (skipped when absent, an error
-    when broken). A tool belongs to the first URL that lists it. ``call_deadline_s``
-    bounds each call, which is sent once: a call that may have run is never retried.
+    The tools of every URL; a tool belongs to the first URL that lists it. A URL may be
+    absent (404/405) when another serves tools; one that fails otherwise is an error
+    (the first URL's, when it is absent too). ``call_deadline_s`` bounds each call
+    (default: ``FLEET_CALL_TOOL_DEADLINE_S``, else 90 s, as in the original), which is
+    sent once: a call that may have run is never retried.
     ``max_retries``, ``initial_wait`` and ``max_backoff`` are accepted for compatibility
     and unused (session setup is retried inside ``connect_timeout_s`` budgets; there is
     no fixed 8 s wait). Requests carry ``Authorization: Bearer <api_key>``, as in the
@@ -59,7 +64,7 @@ class FleetMCPTools:
 
     def __init__(self, api_key: str | None, mcp_urls: Sequence[str], max_retries: int = 8,
                  initial_wait: float = 8.0, max_backoff: float = 5.0,
-                 call_deadline_s: float = 90.0, *, connect_timeout_s: float = 10.0,
+                 call_deadline_s: float | None = None, *, connect_timeout_s: float = 10.0,
                  max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
                  headers: Mapping[str, str] | None = None) -> None:
         if not mcp_urls:
@@ -67,6 +72,8 @@ class FleetMCPTools:
                                      hint="pass mcp_urls=(f'{root}mcp',)")
         if headers is None and api_key:
             headers = {"Authorization": f"Bearer {api_key}"}
+        if call_deadline_s is None:
+            call_deadline_s = env_aliases().tool_deadline_s or _CALL_DEADLINE_S
         self.mcp_urls = tuple(mcp_urls)
         self.call_deadline_s = call_deadline_s
         self.max_text_chars = max_text_chars
@@ -94,9 +101,14 @@ class FleetMCPTools:
     async def call_tool(self, name: str, args: dict[str, Any] | None = None) -> Any:
         """Call ``name`` once; the result as the original rendered it (a JSON object or
         list parsed, ``{"error": message}`` when the tool reported an error). An unknown
-        tool raises ``ToolNotFoundError``; a call without an answer ``ToolCallError``."""
-        result = await _on_loop(functools.partial(
-            self._router.acall, name, args or {}, timeout_s=self.call_deadline_s))
+        tool raises ``ToolNotFoundError`` (also a ``ValueError``, as in the original); a
+        call without an answer ``ToolCallError``."""
+        try:
+            result = await _on_loop(functools.partial(
+                self._router.acall, name, args or {}, timeout_s=self.call_deadline_s))
+        except ToolNotFoundError as exc:
+            context: dict[str, Any] = dict(exc.context)
+            raise DropInToolNotFoundError(exc.message, hint=exc.hint, **context) from None
         return legacy_value(result.to_openai_content(self.max_text_chars),
                             result.error_message if result.is_error else None)
 

@@ -33,6 +33,7 @@ from os import PathLike
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetenv.adapters.openenv import telemetry
+from fleetenv.adapters.openenv.compat import DropInConfigurationError, env_aliases
 from fleetenv.adapters.openenv.rendering import legacy_value
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.task_files import load_tasks
@@ -40,6 +41,7 @@ from fleetenv.core.tasks import Task, select_tasks
 from fleetenv.core.types import ListTools, Observation
 from fleetenv.env.actions import SUBMIT_FINAL_ANSWER
 from fleetenv.env.fleet_env import FleetEnv
+from fleetenv.env.options import EpisodeOptions
 from fleetenv.runtime.plans import Blocking, Plan, run_async
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,6 +72,7 @@ class FleetEnvHandleView:
 
     instance_id: str
     urls: InstanceUrls
+    region: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,14 @@ class FleetTaskEnv:
 
     The arguments are the original's. ``api_key`` may be left out: then
     ``FLEET_API_KEY``, or without one the embedded local Fleet. ``request_timeout_s``
-    bounds each tool call and database query, ``reset_timeout_s`` the instance reset
-    (both default to the session's settings, 60 s and 10 s as in the original).
+    bounds each tool call and database query (default: the original's
+    ``FLEET_CALL_TOOL_DEADLINE_S`` when set, else the session's 60 s), ``reset_timeout_s``
+    the instance reset (the session's 10 s, as in the original). A task config it cannot
+    read is a ``ValueError`` (and a ``ConfigurationError``), as in the original.
     ``partial_reward=True`` replaces a 0.0 score by the verifier's partial score
-    (accumulators, per-app results; see ``fleetenv.Grade``).
+    (accumulators, per-app results; see ``fleetenv.Grade``). A tool-use task is offered
+    the tools of both MCP endpoints, as in the original (``tool_endpoints="union"``;
+    ``"first"`` is ``FleetEnv``'s faster default).
     ``base_url`` and any other keyword (``session=``, ``episode_deadline_s=``, ...) go to
     :class:`fleetenv.FleetEnv`.
 
@@ -110,6 +117,9 @@ class FleetTaskEnv:
         **fleet_env_kwargs: Any,
     ) -> None:
         task = _as_task(task_config)
+        deadline_s = env_aliases().tool_deadline_s  # and the browser-lease aliases, once
+        if request_timeout_s is None and fleet_env_kwargs.get("session") is None:
+            request_timeout_s = deadline_s  # the original's FLEET_CALL_TOOL_DEADLINE_S
         settings = _timeouts(request_timeout_s=request_timeout_s,
                              reset_timeout_s=reset_timeout_s)
         connection: dict[str, Any] = {"api_key": api_key, "base_url": base_url}
@@ -117,9 +127,13 @@ class FleetTaskEnv:
             fleet_env_kwargs["config"] = _config_with(settings, fleet_env_kwargs, api_key,
                                                       base_url)
             connection = {}
+        options = EpisodeOptions.of(fleet_env_kwargs.pop("options", None))
+        if options.tool_endpoints is None and fleet_env_kwargs.get("tool_endpoints") is None:
+            # The original listed the tools of both endpoints: so does its drop-in.
+            fleet_env_kwargs["tool_endpoints"] = "union"
         self.task_config = task.to_fleet_dict()
-        self._env = FleetEnv(task, ttl_seconds=ttl_seconds, max_steps=max_steps,
-                             partial_reward=partial_reward,
+        self._env = FleetEnv(task, options=options, ttl_seconds=ttl_seconds,
+                             max_steps=max_steps, partial_reward=partial_reward,
                              **connection, **fleet_env_kwargs)
         #: The chat so far, for judge verifiers that take ``conversation`` (set by the
         #: caller before a step or close, as in the original).
@@ -223,6 +237,11 @@ class FleetTaskEnv:
         return self._env.root_url
 
     @property
+    def region(self) -> str | None:
+        """The region Fleet reports for the instance, as fleet-python's ``env.region``."""
+        return self._env.region
+
+    @property
     def tools(self) -> list[dict[str, Any]]:
         return self._env.openai_tools
 
@@ -259,7 +278,8 @@ class FleetTaskEnv:
         instance_id, root = self._env.instance_id, self._env.root_url
         if instance_id is None or root is None:
             return None
-        return OrchestratorView(FleetEnvHandleView(instance_id, InstanceUrls(root)))
+        return OrchestratorView(FleetEnvHandleView(instance_id, InstanceUrls(root),
+                                                   self._env.region))
 
     @property
     def _last_verifier_execution_id(self) -> str | None:
@@ -434,7 +454,11 @@ def _as_task(task_config: object) -> Task:
     if isinstance(task_config, Task):
         return task_config
     if isinstance(task_config, Mapping):
-        return Task.model_validate(dict(task_config))
+        try:
+            return Task.model_validate(dict(task_config))
+        except ConfigurationError as exc:  # the original: ValueError("... missing env_key")
+            context: dict[str, Any] = dict(exc.context)
+            raise DropInConfigurationError(exc.message, hint=exc.hint, **context) from None
     hint = ("for a task file use FleetTaskEnv.from_json_file(path, task_key)"
             if isinstance(task_config, str | PathLike) else "pass the task's dict")
     raise ConfigurationError(f"FleetTaskEnv needs a task config dict, got a "
