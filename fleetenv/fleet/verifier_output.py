@@ -17,8 +17,8 @@ of running experiments depend on them:
   for doing nothing there.
 
 Which verifiers want the conversation is decided from the parsed source (``ast``), not a
-regular expression: the original's regex missed multi-line signatures and defaults that
-contain parentheses. Each source is parsed once (cached).
+regular expression, which would miss multi-line signatures and defaults that contain
+parentheses. Each source is parsed once (cached).
 
 CPython before 3.11.8 / 3.12.2 builds AST objects with state shared by all threads, and
 two threads building at once can fail with a spurious ``SystemError: AST constructor
@@ -195,7 +195,7 @@ def accepts_conversation(source: str | None) -> bool:
     """Does the verifier's function take a ``conversation`` parameter?
 
     Read from the parsed source: the function Fleet runs (the first top-level ``def``),
-    or a top-level ``verify`` (the previous client's rule). A ``**kwargs`` catch-all does
+    or a top-level ``verify`` (OpenEnv's ``fleet_env`` rule). A ``**kwargs`` catch-all does
     not count: such a verifier did not ask for the transcript. Source that does not
     parse says no; running it will report the syntax error.
     """
