@@ -20,7 +20,7 @@ episode; :class:`~fleetenv.env.grading.Grader` grades it once and reports its en
 goes in and comes out is :mod:`fleetenv.core.types`. This class routes between them,
 and that is all.
 
-Rules this object keeps, each one a bug the previous Fleet client had:
+Rules this object keeps:
 
 - The verifier runs exactly once per episode: when it ends, or at ``close()`` for an
   episode the caller abandoned; its grade is kept even if the caller is cancelled.
