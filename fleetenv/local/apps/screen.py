@@ -88,11 +88,6 @@ def _glyph_rows(char: str, fg: Color, bg: Color, scale: int) -> tuple[bytes, ...
     return tuple(out)
 
 
-def text_width(text: str, scale: int = 1) -> int:
-    """Width in pixels of ``text`` drawn at ``scale``."""
-    return len(text) * CELL_W * scale
-
-
 def fit(text: str, max_chars: int) -> str:
     """Cut ``text`` to ``max_chars`` characters, marking the cut with ``..``."""
     if len(text) <= max_chars:
