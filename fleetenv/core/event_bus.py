@@ -85,7 +85,7 @@ class EventBus:
         with contextlib.ExitStack() as stack:
             for sink in sinks:
                 try:
-                    stack.enter_context(sink.scope(rollout_id))  # type: ignore[attr-defined]
+                    stack.enter_context(sink.scope(rollout_id))  # type: ignore[attr-defined]  # optional
                 except Exception:
                     self._sink_failed(sink, None)
             yield

@@ -638,7 +638,7 @@ _loading: Any = None  # the asyncio future of the import in progress (loop threa
 def _import_dependencies() -> None:
     global _dependencies_loaded
     compat.features()  # which mcp 2.x (a clear error on 1.x), detected here, off the loop
-    import httpx2  # noqa: F401
+    import httpx2  # noqa: F401  # imported here, off the loop, like the rest
     import mcp.client.streamable_http
     import mcp.types
 

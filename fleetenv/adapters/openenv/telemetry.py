@@ -148,7 +148,7 @@ def configure_fleet_telemetry(token: str | None = None,
 def _configure_logfire(token: str, environment: str, service_name: str,
                        options: dict[str, Any]) -> None:
     try:
-        import logfire  # type: ignore[import-not-found, unused-ignore]
+        import logfire
     except ImportError:
         raise ConfigurationError(
             "configure_fleet_telemetry(token=...) sends to Logfire, which is not installed",
