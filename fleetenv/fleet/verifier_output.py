@@ -1,9 +1,8 @@
 """Reading what a verifier says besides its score: judge errors, accumulators, apps.
 
-Fleet's verifiers print structured text to stdout, and the trainers built on the previous
-Fleet client (OpenEnv's ``fleet_env``) graded from it. These parsers keep that client's
-rules exactly (research note ``openenv-fleet-env.md`` §6.1, §6.4), because reward curves
-of running experiments depend on them:
+Fleet's verifiers print structured text to stdout, and trainers built on OpenEnv's
+``fleet_env`` grade from it. These parsers keep its rules exactly, because reward curves of
+running experiments depend on them:
 
 - A line that *starts* with ``JUDGE ERROR:`` means the LLM judge inside a verifier failed
   (a brownout), whatever score the run returned: the grade is unknown, and the run may be

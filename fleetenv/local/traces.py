@@ -2,7 +2,7 @@
 
 Fleet keeps agent transcripts ("sessions") grouped in trace jobs. The write routes follow
 fleet-python 0.2.133 (``fleet.models.TraceJobRequest/Response``,
-``SessionIngestRequest/Response``; research/fleet-python-sdk.md §10):
+``SessionIngestRequest/Response``):
 
 * ``POST /v1/traces/jobs``      ``{"name": str|null}`` -> ``{"job_id", "name", "status"}``
 * ``POST /v1/sessions/ingest``  create a session (no ``session_id``) or append to one
