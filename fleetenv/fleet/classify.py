@@ -17,18 +17,7 @@ Nothing else in a message counts: broad substrings such as "connection" or "time
 match unrelated 400s; timeouts and connection failures are recognised by their exception
 types instead.
 
-The incidents, by status (R retried within the budget, P permanent; docs/errors.md)::
-
-    message                                               400 409 429 500 503
-    ... Driver API returned 400: {... "retryable":true}}   R   R   R   R   R   flag
-    Too many in-flight instance creations for this team    R   R   R   R   R   named
-    Rate limit exceeded                                    R   R   R   R   R   named
-    Instance health check failed                           R   R   R   R   R   named
-    Driver API returned 400: {... "retryable":false}}      P   P   P   P   P   flag
-    Read timeout on connect (as text)                      P   P   R   R   R   status
-    Invalid or missing X-Fleet-Judge-Token                 P   P   R   R   R   status
-    env_key not found: nonexistent-env:v9.9.9              P   P   R   R   R   status
-    any message under 401 or 404                           P (what the request is)
+Each of Fleet's messages, decided under each status: docs/errors.md.
 """
 
 from __future__ import annotations

@@ -26,9 +26,6 @@ PALE_BLUE: Color = (219, 234, 254)
 GREEN: Color = (22, 128, 61)
 PALE_GREEN: Color = (220, 252, 231)
 RED: Color = (190, 30, 45)
-PALE_RED: Color = (254, 226, 226)
-AMBER: Color = (180, 83, 9)
-PALE_AMBER: Color = (254, 243, 199)
 NAVY: Color = (30, 41, 59)
 
 GLYPH_W = 5
