@@ -120,7 +120,7 @@ _task_files: dict[tuple[str, int], dict[str, Task]] = {}
 _task_files_lock = threading.Lock()
 
 
-class FleetTextEnv(BaseTextEnv):  # type: ignore[misc]  # its base is untyped (Any)
+class FleetTextEnv(BaseTextEnv):  # type: ignore[misc]  # untyped base (Any)
     """One Fleet task as a SkyRL ``BaseTextEnv`` (see the module docstring).
 
     ``env_config`` and ``extras`` are what ``skyrl_gym.make`` passes; both may be plain
