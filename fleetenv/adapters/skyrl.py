@@ -56,8 +56,8 @@ from pathlib import Path
 from typing import Any
 
 try:
-    import skyrl_gym  # type: ignore[import-untyped, import-not-found, unused-ignore]
-    from skyrl_gym.envs.base_text_env import (  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    import skyrl_gym
+    from skyrl_gym.envs.base_text_env import (
         BaseTextEnv,
         BaseTextEnvStepOutput,
     )
@@ -120,7 +120,7 @@ _task_files: dict[tuple[str, int], dict[str, Task]] = {}
 _task_files_lock = threading.Lock()
 
 
-class FleetTextEnv(BaseTextEnv):  # type: ignore[misc]
+class FleetTextEnv(BaseTextEnv):  # type: ignore[misc]  # untyped base (Any)
     """One Fleet task as a SkyRL ``BaseTextEnv`` (see the module docstring).
 
     ``env_config`` and ``extras`` are what ``skyrl_gym.make`` passes; both may be plain

@@ -76,9 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def configure_logging(*, debug: bool) -> None:
     """Quiet by default: fleetenv's own INFO messages, only warnings from everything else.
 
-    A run of 66 episodes would otherwise print a line per HTTP request (httpx), per MCP
-    message (mcp) and per lifecycle event; the summary table is what the user came for, and
-    every event is in the results file anyway. ``--debug`` turns everything on.
+    A run would otherwise print a line per HTTP request (httpx), per MCP message (mcp) and
+    per lifecycle event; the summary table is what the user came for, and every event is in
+    the results file anyway. ``--debug`` turns everything on.
     """
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.WARNING,

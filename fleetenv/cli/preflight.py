@@ -1,8 +1,8 @@
 """Checks ``fleetenv run`` makes before it provisions anything.
 
 Why: a wrong ``--base-url`` or a revoked key otherwise shows up only inside the episodes,
-after an instance was provisioned for each of them and the model request retried for
-~12 s, as the same error in every result. One cheap request each, up front, turns that
+after an instance was provisioned for each of them and the model request retried, as the
+same error in every result. One cheap request each, up front, turns that
 into one clear line and exit status 1 before anything costs money.
 
 * The model endpoint (``--policy openai``): one tiny chat completion

@@ -69,9 +69,9 @@ def finite_reward(value: object, *, field: str, hint: str) -> float:
 class TTLDefaults(BaseModel):
     """Instance time-to-live by modality, in seconds.
 
-    tool_use 900 s (raised from 600 s in the previous client, whose instances expired
-    mid-episode and answered 502); computer_use and browser_use 1800 s, since screenshot
-    round-trips make their episodes several times longer.
+    tool_use 900 s (600 s let long episodes outlive their instance); computer_use and
+    browser_use 1800 s, since screenshot round-trips make their episodes several times
+    longer.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -41,6 +41,7 @@ __all__ = [
     "ToolArgumentsError",
     "ToolCallError",
     "ToolCallMayHaveRunError",
+    "ToolCallParseError",
     "ToolError",
     "ToolNotFoundError",
     "TraceUploadError",

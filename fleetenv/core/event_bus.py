@@ -85,7 +85,8 @@ class EventBus:
         with contextlib.ExitStack() as stack:
             for sink in sinks:
                 try:
-                    stack.enter_context(sink.scope(rollout_id))  # type: ignore[attr-defined]
+                    scope = sink.scope(rollout_id)  # type: ignore[attr-defined]  # optional method
+                    stack.enter_context(scope)
                 except Exception:
                     self._sink_failed(sink, None)
             yield

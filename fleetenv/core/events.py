@@ -1,9 +1,8 @@
 """Typed lifecycle records of rollouts: what happened, to which rollout, when.
 
 Every event carries its identity explicitly (``rollout_id``, ``task_key``, ``env_key``,
-``instance_id``). The previous client kept them in a ContextVar set by whichever asyncio
-task built the env, so events from worker threads and other tasks came out unlabelled or
-mislabelled; a ``RolloutRef`` passed by hand cannot be lost that way.
+``instance_id``), from a ``RolloutRef`` passed by hand rather than a ContextVar, so events
+from worker threads and other tasks keep their labels.
 
 Events are frozen dataclasses of JSON values, so they pickle across process pools and
 serialise to one JSON line. Free text (error messages) goes through ``redact()`` and is

@@ -21,7 +21,7 @@ def _refuse(*_args: Any, **_kwargs: Any) -> NoReturn:
     raise TypeError(f"this container is read-only: {_HINT}")
 
 
-class FrozenDict(dict):  # type: ignore[type-arg]
+class FrozenDict(dict[Any, Any]):
     """A ``dict`` that refuses every mutation."""
 
     __setitem__ = _refuse
@@ -38,7 +38,7 @@ class FrozenDict(dict):  # type: ignore[type-arg]
         return (FrozenDict, (dict(self),))
 
 
-class FrozenList(list):  # type: ignore[type-arg]
+class FrozenList(list[Any]):
     """A ``list`` that refuses every mutation."""
 
     __setitem__ = _refuse

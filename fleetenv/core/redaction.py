@@ -143,7 +143,7 @@ def scrub_exception(exc: BaseException) -> BaseException:
     message = getattr(exc, "message", None)
     if isinstance(message, str):
         with contextlib.suppress(AttributeError):  # a read-only property (from args)
-            exc.message = scrub_secrets(message)  # type: ignore[attr-defined]
+            exc.message = scrub_secrets(message)  # type: ignore[attr-defined]  # some have one
     return exc
 
 
@@ -262,7 +262,7 @@ def install_log_scrubbing() -> None:
         _scrub_record(record)
         return record
 
-    make_record.fleetenv_scrubs = True  # type: ignore[attr-defined]
+    make_record.fleetenv_scrubs = True  # type: ignore[attr-defined]  # our marker
     logging.setLogRecordFactory(make_record)
 
 

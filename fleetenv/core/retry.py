@@ -95,10 +95,8 @@ class Deadline:
         self._end = end
 
 
-#: The least time worth starting another attempt with. Why: a pause that ends a hair
-#: before the budget does left the next attempt a fraction of a millisecond, and its
-#: "deadline exceeded" then replaced the real answer (connection refused, a 503) in the
-#: error the caller saw.
+#: The least time worth starting another attempt with: a shorter one only fails with
+#: "deadline exceeded", which would hide the real answer (connection refused, a 503).
 MIN_ATTEMPT_S = 0.05
 
 

@@ -1,9 +1,8 @@
 """Every started rollout completes exactly once, with one reason.
 
-This is the invariant the previous client kept breaking: rollouts that failed during
-provisioning never reported, and re-entered finalisation reported twice, the second time
-with ``reward=0.0`` over a real ``1.0``. The accounting sees every event on the bus and
-keeps the books per ``rollout_id``.
+A rollout that fails during provisioning still completes, and a re-entered finalisation
+never reports again (a second report could carry ``reward=0.0`` over a real ``1.0``). The
+accounting sees every event on the bus and keeps the books per ``rollout_id``.
 
 A second ``RolloutCompleted`` for one rollout is a bug in fleetenv, but by default it is
 logged, recorded as a violation and *dropped* rather than raised: it arrives from

@@ -3,10 +3,10 @@
 Task files come from several exporters that never agreed on names: Fleet's SDK export
 writes ``key/env_id/version/data_id/verifier_func/task_modality``, the Fleet API answers
 ``environment_id`` and a nested ``verifier`` object, OpenEnv configs say ``task_key`` and
-``verifier_code``. The previous client normalised only some of them (``data_id`` was
-dropped, so tasks ran without their data seed). Here every alias is declared in one table,
-two aliases that disagree are an error instead of a silent pick, and every problem is a
-``ConfigurationError`` that names the field and says what to write instead.
+``verifier_code``. Every alias is declared in one table (a dropped ``data_id`` would run a
+task without its data seed), two aliases that disagree are an error instead of a silent
+pick, and every problem is a ``ConfigurationError`` that names the field and says what to
+write instead.
 
 Versions follow fleet-python's ``make()``: a version that starts with a digit gets a
 ``v`` prefix (``"1"`` -> ``"v1"``, ``"1.2"`` -> ``"v1.2"``), others are kept as written

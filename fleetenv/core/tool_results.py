@@ -1,10 +1,8 @@
 """Typed tool results and their rendering for LLM messages.
 
-The previous Fleet client turned MCP results into "whatever Python value seemed right":
-``"null"`` became ``None``, numbers became numbers, images were moved after the texts,
-audio was treated as an image, resources vanished and errors were guessed from strings.
-Here a result keeps every content block in order as a small typed value, says whether it
-is an error exactly once (`ToolResult.is_error`, from the protocol's ``isError``), and is
+A result keeps every content block in order as a small typed value (``"null"`` stays
+text, images keep their place, audio and resources are kept), says whether it is an error
+exactly once (`ToolResult.is_error`, from the protocol's ``isError``), and is
 rendered explicitly: `to_openai_content` for chat messages, `to_text` for plain logs.
 
 Results are plain frozen dataclasses of JSON-able values, so they pickle across process

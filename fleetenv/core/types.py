@@ -394,7 +394,7 @@ class Grade:
 
     ``reward`` is what the episode returns. It is the verifier's own ``score``, except
     with ``partial_reward`` on, where a score of 0.0 is replaced by the ``partial`` score
-    when the verifier's stdout has one (the previous client's rule).
+    when the verifier's stdout has one (OpenEnv's ``fleet_env`` rule).
     """
 
     reward: float | None

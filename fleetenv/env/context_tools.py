@@ -1,7 +1,6 @@
 """Context tools: let an agent manage its own conversation in long episodes.
 
-The previous Fleet client's ``ContextManager`` offered five tools that are answered by
-the client itself, never by the environment's MCP servers:
+Five tools answered by fleetenv itself, never by the environment's MCP servers:
 
 - ``check_context``: how many turns are visible, how many exist, how many were dropped;
 - ``manage_context(keep_recent_turns)``: drop old turns (the caller adopts the new
@@ -10,18 +9,17 @@ the client itself, never by the environment's MCP servers:
 - ``search_tool_output(pattern)`` / ``view_tool_output(page, page_size)``: search or page
   through the last tool output, which the agent only saw truncated.
 
-Their names, argument schemas and answers are the original's, so a model trained on one
-sees the same tools on the other. Three deliberate differences, each a bug of the
-original: ``manage_context`` keeps the first ``user`` message (the task) and never
-starts the kept part with an orphaned ``tool`` message (chat APIs reject a tool result
-whose call was dropped); ``search_history`` reads text parts of list contents too (the
-original skipped every message whose content is a list, which is every tool result
-here); argument values are checked against the schemas below before a tool runs,
-instead of being read with silent defaults.
+Their names, argument schemas and answers are those of OpenEnv's ``fleet_env``
+``ContextManager``, so a model trained on one sees the same tools on the other, with
+three differences: ``manage_context`` keeps the first ``user`` message (the task) and
+never starts the kept part with an orphaned ``tool`` message (chat APIs reject a tool
+result whose call was dropped); ``search_history`` reads the text parts of list contents
+(every tool result here is one); argument values are checked against the schemas below
+before a tool runs.
 
 :class:`ContextTools` is the whole engine, free of I/O: ``FleetEnv(context_tools=True)``
 keeps one per episode, and a training loop that keeps its own chat history can use one
-directly (as the original was used).
+directly.
 """
 
 from __future__ import annotations
@@ -47,9 +45,9 @@ __all__ = [
     "message_text",
 ]
 
-#: The original's cap on a tool output before it is truncated for the agent.
+#: ``fleet_env``'s cap on a tool output before it is truncated for the agent.
 DEFAULT_MAX_OUTPUT_CHARS = 10_000
-#: Results kept per search, as the original.
+#: Results kept per search, as in ``fleet_env``.
 _HISTORY_MATCHES = 10
 _OUTPUT_MATCHES = 20
 _SNIPPET_CHARS = 200
@@ -70,7 +68,7 @@ def _function(name: str, description: str, properties: dict[str, Any],
 
 _PATTERN = {"type": "string", "minLength": 1, "description": "Text pattern to search"}
 
-#: The five tools in OpenAI function format, as the original declared them (plus bounds
+#: The five tools in OpenAI function format, as ``fleet_env`` declares them (plus bounds
 #: on the values, so a bad value is refused with a clear message instead of guessed at).
 CONTEXT_TOOLS: list[dict[str, Any]] = [
     _function("check_context", "Check current context: visible/total turn counts", {}, []),

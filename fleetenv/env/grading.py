@@ -1,8 +1,7 @@
 """Grading an episode: the verifier runs once per episode, and its grade is never lost.
 
-The previous client lost grades in flight: a harness step timeout cancelled the
-verifier inside the terminal ``step``, ``final_reward`` stayed ``None``, and ``close()``
-neither waited for it nor said why (research note §11 #13). Here:
+A harness step timeout may cancel the terminal ``step`` while its verifier runs; the
+grade still lands:
 
 - The blocking call that computes the grade *owns* it: it stores it on the episode state
   and runs ``on_settled`` (the events, the rollout's completion) itself, so a caller that

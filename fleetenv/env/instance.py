@@ -256,9 +256,8 @@ class InstanceLease:
 
     def mcp_headers(self) -> dict[str, str]:
         """The credentials for the instance's MCP endpoints: the ones fleet-python sends
-        to Fleet itself (the previous Fleet client sent ``Authorization: Bearer <API
-        key>`` to every MCP endpoint too). Secrets: they go to the MCP connections, whose
-        reprs, logs and errors never show headers."""
+        to Fleet itself. Secrets: they go to the MCP connections, whose reprs, logs and
+        errors never show headers."""
         headers: dict[str, str] = self.session.client.sdk.client.get_headers()
         sent = {name: value for name, value in headers.items() if name in _CREDENTIAL_HEADERS}
         for value in sent.values():  # e.g. a login's JWT: scrubbed like the API key

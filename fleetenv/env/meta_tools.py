@@ -9,9 +9,8 @@ answered by fleetenv itself from an index of the env's tools (never sent to MCP)
 - ``list_service_tools(service)``: every tool of one service (e.g. ``ticket``).
 
 The agent then calls the real tools by name, as usual; their arguments are checked
-against their schemas exactly as when they are offered directly. Names and arguments
-follow the previous Fleet client's meta-tools branch (``search_tools``,
-``get_tool_schema``, ``list_service_tools``; a search returns at most 25 tools, small
+against their schemas exactly as when they are offered directly. Names and arguments are
+those of OpenEnv's ``fleet_env`` meta-tools (a search returns at most 25 tools, small
 enums are inlined in signatures).
 
 A tool's *service* is what its server says (``_meta["service"]``), else read from its

@@ -131,8 +131,7 @@ class Toolbox:
             self._tools_version = router.tools_version
             self.instance_id = instance_id
         except Exception:
-            # Nothing of a failed open may stay cached: the next reset() opens afresh
-            # (0.1 kept the router and a second reset() offered zero tools).
+            # Nothing of a failed open stays cached: the next reset() opens afresh.
             self.router, self.tools, self.openai_tools = None, [], []
             # The open already failed: that error is the one to report, not the close's.
             with contextlib.suppress(FleetEnvError):

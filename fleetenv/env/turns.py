@@ -2,9 +2,8 @@
 
 A model answers with one turn: text that may hold several tool calls (open models), an
 OpenAI assistant message with ``tool_calls``, or (from the caller's own parsing) a list
-of calls. Every trainer used to split that turn into N steps itself, so a turn counted N
-times toward ``max_steps`` and its observation held one result. Here the turn becomes
-the action list of *one* step; ``FleetEnv.step`` runs them in order.
+of calls. The turn becomes the action list of *one* step, which ``FleetEnv.step`` runs in
+order: it counts once toward ``max_steps`` and its observation holds every result.
 
 Two kinds of failure, kept apart on purpose:
 

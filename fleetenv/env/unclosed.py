@@ -73,7 +73,7 @@ def weak_callback(method: Callable[..., None]) -> Callable[..., None]:
 
 
 def watch(env: object, *, task_key: str, lease: InstanceLease, toolbox: Toolbox,
-          session: Session, owns_session: bool) -> weakref.finalize:  # type: ignore[type-arg]
+          session: Session, owns_session: bool) -> weakref.finalize[..., object]:
     """Watch ``env``; the returned finalizer must be ``detach()``-ed by ``close()``.
 
     Nothing passed here may refer to ``env`` (strongly), or it would never be collected.

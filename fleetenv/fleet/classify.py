@@ -8,28 +8,16 @@ Whether a failed create is retried is decided here, once, in this order:
    body, or in a JSON object inside the message (Fleet wraps driver errors as
    ``Failed to create instance: DriverAPIError: Driver API returned 400: {"detail":
    {..., "retryable": true}}``). ``true``: retried; ``false``: permanent.
-3. **A failure Fleet names as passing** (:data:`TRANSIENT_MARKERS`, each from a
-   production incident of the previous client, its message verbatim in
-   ``tests/test_fidelity_make_retries.py``): retried, under any status.
+3. **A failure Fleet names as passing** (:data:`TRANSIENT_MARKERS`, Fleet's messages
+   verbatim in ``tests/test_fidelity_make_retries.py``): retried, under any status.
 4. **The type and status** fleet-python gives the answer: rate and instance limits, 5xx,
    408/425/429, timeouts and lost connections are retried; other 4xx are permanent.
 
-Nothing else in a message counts: broad substrings such as "connection" or "timeout"
-(the previous client retried on them) also match unrelated 400s; timeouts and
-connection failures are recognised by their exception types instead.
+Nothing else in a message counts: broad substrings such as "connection" or "timeout" also
+match unrelated 400s; timeouts and connection failures are recognised by their exception
+types instead.
 
-The incidents, by status (R retried within the budget, P permanent; docs/errors.md)::
-
-    message                                               400 409 429 500 503
-    ... Driver API returned 400: {... "retryable":true}}   R   R   R   R   R   flag
-    Too many in-flight instance creations for this team    R   R   R   R   R   named
-    Rate limit exceeded                                    R   R   R   R   R   named
-    Instance health check failed                           R   R   R   R   R   named
-    Driver API returned 400: {... "retryable":false}}      P   P   P   P   P   flag
-    Read timeout on connect (as text)                      P   P   R   R   R   status
-    Invalid or missing X-Fleet-Judge-Token                 P   P   R   R   R   status
-    env_key not found: nonexistent-env:v9.9.9              P   P   R   R   R   status
-    any message under 401 or 404                           P (what the request is)
+Each of Fleet's messages, decided under each status: docs/errors.md.
 """
 
 from __future__ import annotations
@@ -50,9 +38,8 @@ from fleetenv.core.redaction import redact, scrub_exception
 TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 #: Failures Fleet names that pass, matched case-insensitively in the error's message (and
-#: the error code of a structured body); each was a production incident of the previous
-#: client: a seed placement the driver could not make, the team's burst cap, Fleet's rate
-#: limiter, an instance that failed its health check.
+#: the error code of a structured body): a seed placement the driver could not make, the
+#: team's burst cap, Fleet's rate limiter, an instance that failed its health check.
 TRANSIENT_MARKERS = (
     "seed_placement_failed",
     "too many in-flight instance creations",

@@ -4,8 +4,8 @@ control plane.
 We always use the *sync* ``fleet.Fleet`` (never the async ``fleet.Task`` from sync code:
 it runs ``asyncio.run`` per call). We pass our own ``httpx.Client`` so we can close its
 sockets (``Fleet`` has no close) and bound every request, and we turn off fleet-python's
-transport retries: they retry 404s, re-POST creates and cost ~3.5 s per failure, while
-our provisioning retries with typed classification inside one budget.
+transport retries: they retry 404s and re-POST creates, while our provisioning retries
+with typed classification inside one budget.
 
 Every request has an overall deadline, not only per-read timeouts: the client's
 transport is :class:`~fleetenv.fleet.deadlines.DeadlineTransport`, and callers wrap each

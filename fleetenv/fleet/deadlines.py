@@ -545,15 +545,15 @@ class _ScopedConnectionMixin:
 
     def connect(self) -> None:
         self._attach()
-        super().connect()  # type: ignore[misc]
+        super().connect()  # type: ignore[misc]  # a mixin: urllib3 is next in the MRO
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         self._attach()
-        super().request(*args, **kwargs)  # type: ignore[misc]
+        super().request(*args, **kwargs)  # type: ignore[misc]  # as connect()
 
     def close(self) -> None:
         self._detach()
-        super().close()  # type: ignore[misc]
+        super().close()  # type: ignore[misc]  # as connect()
 
     def _attach(self) -> None:
         scope = _current.get()

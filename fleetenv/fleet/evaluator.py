@@ -8,12 +8,10 @@ the job and reads its results, over fleet-python's synchronous client:
 3. poll the job (``GET /v1/jobs/{id}``) with backoff until it ends or the deadline passes;
 4. read its sessions (``GET /v1/sessions/job/{id}``) into per-model scores.
 
-What the previous client's ``TaskEvaluator`` got wrong, and this one does not: its SDK
-calls were blocking calls inside ``async def`` (here the async twin runs them in a worker
-thread and pauses on the caller's loop, through ``fleetenv.runtime.plans``); a session
-without a verifier score counted as 0.0 or 1.0 (here it is ``None``: unknown, not a
-grade); a failed or timed-out job was a quiet dict (here ``EvaluationFailed`` and
-``DeadlineExceeded``, naming the job and what to do). Polling retries transient answers
+The async twin runs the SDK calls on the runtime's pool and pauses on the caller's loop
+(``fleetenv.runtime.plans``). A session without a verifier score is ``None`` (unknown, not
+a grade); a failed or timed-out job raises ``EvaluationFailed`` or ``DeadlineExceeded``
+naming the job and what to do. Polling retries transient answers
 (5xx, 429, timeouts, connection failures) within the deadline; creating the job is
 retried only when Fleet cannot have created it (a 429 or 503 answer, or a connection
 that was never made), so a retry never starts a second job.
@@ -62,7 +60,7 @@ __all__ = [
 logger = logging.getLogger("fleetenv.evaluator")
 T = TypeVar("T")
 
-#: Models evaluated on Fleet when none are named (the previous client's default).
+#: Models evaluated on Fleet when none are named (OpenEnv's ``fleet_env`` default).
 DEFAULT_FLEET_MODELS = ("anthropic/claude-sonnet-4.5",)
 #: Models evaluated on the embedded local Fleet when none are named.
 DEFAULT_LOCAL_MODELS = ("reference",)

@@ -7,8 +7,7 @@ MCP endpoint serves the episode's ``computer`` tool; it is deleted on every exit
 (it sits in the session's registry, so ``close()``, ``with``-exit, Ctrl-C, ``atexit``
 and SIGTERM all delete it, and ``fleetenv sweep --tag`` finds leftovers by run tag).
 
-The previous Fleet client hard-coded the browser API's host, shipped a fallback token,
-slept fixed seconds and swallowed delete errors. Here:
+Rules:
 
 * the lease API is at ``FLEET_BROWSER_API_URL`` when set, else at the session's Fleet
   (the embedded local Fleet serves it too);
@@ -19,7 +18,7 @@ slept fixed seconds and swallowed delete errors. Here:
   least ``min_screenshot_bytes``; no fixed sleeps;
 * a failed delete raises (the registry keeps the lease and retries at close and exit).
 
-Wire format (from the previous client; Fleet's side could not be checked without a key):
+Wire format (OpenEnv's ``fleet_env`` client's; not checked against Fleet itself):
 ``POST /v1/browser {"ttl_seconds", "allowed_hosts", "run_id"}`` answers
 ``{"lease_id", "browser_id", "mcp_url", "cdp_url", "stream_url", "host_domain"}``;
 ``DELETE /v1/browser/{lease_id}``; ``GET /v1/browser?run_id=&status=`` lists leases.

@@ -1,8 +1,7 @@
 """Caps on instances: per session (creating at once, live), and Fleet's own per-key limit.
 
-Fleet creates slowly (one report: 96 concurrent ``make()`` calls served at about one per
-10 s) and teams have instance limits, so unbounded parallel rollouts turn into queues of
-timeouts and 403s. Two kinds of limit apply, with different owners:
+Fleet creates slowly and teams have instance limits, so unbounded parallel rollouts turn
+into queues of timeouts and 403s. Two kinds of limit apply, with different owners:
 
 * :class:`Gate` — a cap a :class:`~fleetenv.Session` chose (``max_creating_instances``,
   ``max_live_instances``). Each session has its own gates: two sessions with different

@@ -1,9 +1,9 @@
 """The instance manager API (reset, describe, query) over ``requests``.
 
-fleet-python's manager client checks no status codes and shares the control plane's
-timeout (300 s), so a hung ``/reset`` on some images blocked episodes for minutes and the
-previous client mutated a shared client's timeout to work around it. Here every call has
-its own timeout and every failure becomes a typed error that names the instance.
+Not fleet-python's manager client: it checks no status codes and shares the control
+plane's timeout (300 s), so a hung ``/reset`` would block an episode for minutes. Here
+every call has its own timeout and every failure becomes a typed error naming the
+instance.
 
 The timeout of a call is an overall deadline (``timeouts.reset`` for reset,
 ``timeouts.read`` for describe / query), not a per-read timeout: a manager that answers

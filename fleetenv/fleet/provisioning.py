@@ -46,7 +46,7 @@ logger = logging.getLogger("fleetenv.provisioning")
 #: Seconds one instance's delete may take at interpreter exit or after SIGTERM.
 EXIT_DELETE_BUDGET_S = 2.0
 
-#: Image type fleet-python sends per modality (research: computer_use runs the "mcp" image).
+#: Image type fleet-python sends per modality (computer_use runs the "mcp" image).
 IMAGE_TYPES: dict[Modality, str | None] = {Modality.TOOL_USE: None,
                                            Modality.COMPUTER_USE: "mcp",
                                            Modality.BROWSER_USE: None}

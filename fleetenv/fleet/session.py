@@ -22,11 +22,8 @@ A session owns:
 * **the HTTP clients**: one pooled ``httpx`` client for the control plane, and keep-alive
   ``requests`` pools for the instances' manager APIs.
 
-MCP traffic does *not* share the manager pool: it is asynchronous (``httpx2`` on
-fleetenv's loop thread) while the manager API is blocking (``requests`` in the caller's
-thread), and one pool cannot serve both without putting blocking I/O on the loop. Each
-MCP connection has its own small pool instead (``fleetenv.mcp.http`` says why one shared
-pool was slower).
+MCP traffic has its own pools, one per connection (``fleetenv.mcp.http``): it runs on the
+loop thread, while the manager API blocks in the caller's.
 
 What is *not* per session: Fleet's rate limits are per API key, so sessions using the same
 key in one process share one :class:`~fleetenv.fleet.limits.KeyLimiter`; the embedded

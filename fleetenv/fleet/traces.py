@@ -8,30 +8,28 @@ every answer we read, so a wire-format drift fails here, loudly):
 * ``POST /v1/sessions/ingest`` ``SessionIngestRequest``: the transcript as ``messages``
   (role, content, ``tool_calls``, ``tool_call_id``), ``job_id``, ``task_key``, ``model``,
   ``instance_id``, ``verifier_execution_id``, ``status`` and ``metadata`` (``score`` =
-  the reward, as the previous client sent it, plus grade status, stop reason, turns...)
+  the reward, plus grade status, stop reason, turns...)
 
-Both go to the session's own base URL through its fleet-python client, with its key and
-no fallback token; ``TraceOptions.jobs_url`` moves the jobs route to another host (the
-previous client found it answering 404 on the Fleet base URL and used a separate one).
-Off the critical path: :class:`TraceUploader` takes
-finished results without blocking (a bounded queue; a full queue drops and counts) and
-uploads them one at a time on the runtime's pool (one job drains the queue and ends
-when it is empty); ``close()`` drains what is queued within a bound and reports what
-was not uploaded. Failures never raise into the run: each upload
-is retried on transient answers (429, 5xx, no answer) inside its own budget with the
-session's :class:`~fleetenv.core.retry.RetryPolicy`, then counted; the first failure is
-logged as a warning and the count is in :meth:`TraceUploader.report`. A retry resends
-the same ``X-Request-ID``, which the local Fleet uses to store a transcript once however
-often it is sent (real Fleet: unverified, see docs/traces.md).
+Both go to the session's own base URL through its fleet-python client, with its key and no
+fallback token; ``TraceOptions.jobs_url`` moves the jobs route to another host (some
+Fleets serve it apart from the base URL). Off the critical path: :class:`TraceUploader`
+takes finished results without blocking (a bounded queue; a full queue drops and counts)
+and uploads them one at a time on the runtime's pool (one job drains the queue and ends
+when it is empty); ``close()`` drains what is queued within a bound and reports what was
+not uploaded. Failures never raise into the run: each upload is retried on transient
+answers (429, 5xx, no answer) inside its own budget with the session's
+:class:`~fleetenv.core.retry.RetryPolicy`, then counted; the first failure is logged as a
+warning and the count is in :meth:`TraceUploader.report`. A retry resends the same
+``X-Request-ID``, which the local Fleet uses to store a transcript once however often it
+is sent (real Fleet: unverified, see docs/traces.md).
 
-The transcript goes as Fleet's session viewer shows it, as the previous client sent it:
+The transcript goes in the shape Fleet's session viewer shows:
 a ``user`` message that carries an image is sent as a ``tool`` message (the viewer drops
 images from user messages), ``[Turn N/M]`` footer parts are left out, and ``tool_calls``
 goes on assistant messages only. Images stay inline, as the ``data:image/...`` URLs of
 the transcript's ``image_url`` parts, under two caps (per image and per trace); an image
 over a cap is replaced by a text part naming its size and sha256. Nothing is written
-anywhere else (the previous client copied screenshots to a public bucket with ambient
-cloud credentials).
+anywhere else.
 
 Secrets never leave: the API key and the runner token are replaced wherever they appear
 in the transcript, and every text goes through :func:`~fleetenv.core.redaction.redact`.
@@ -77,8 +75,8 @@ _TRANSIENT = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Errors kept in the report (the count is exact; the texts are samples).
 _KEPT_ERRORS = 20
 #: A turn footer a harness appends to an observation for the model (``[Turn 3/64]``):
-#: a text part of only that (and whitespace) is left out of the upload, as the previous
-#: client did; longer text is not a footer.
+#: a text part of only that (and whitespace) is left out of the upload; longer text is not
+#: a footer.
 _TURN_FOOTER = re.compile(r"\[Turn\s*\d+\s*/\s*\d+\]")
 _MAX_FOOTER_CHARS = 64
 #: What the first failure to create a trace job suggests when no ``jobs_url`` is set.
@@ -277,7 +275,7 @@ class _ImageBudget:
 
 
 def _viewer_messages(history: list[Any], images: _ImageBudget) -> list[dict[str, Any]]:
-    """The chat history as Fleet's session viewer shows it (the previous client's upload).
+    """The chat history as Fleet's session viewer shows it.
 
     The viewer drops the images of ``user`` messages, so a ``user`` message that carries
     one goes as a ``tool`` message answering the latest assistant tool call that no such

@@ -1,11 +1,10 @@
 """Grading an instance with the task's Fleet verifier.
 
 The reward is either a graded float or *unknown* (``None``) with a reason. A verifier
-that crashed, timed out, or could not reach the instance did not say "0": a census of the
-previous client found 23% of its zero rewards were such failures, which poisoned about
-42% of GRPO groups. So nothing here ever turns a failure into 0.0.
+that crashed, timed out, or could not reach the instance did not say "0", and a false 0.0
+poisons the whole group of a GRPO step. So nothing here ever turns a failure into 0.0.
 
-What the previous client (OpenEnv's ``fleet_env``) did and trainers rely on, kept here:
+What OpenEnv's ``fleet_env`` does and trainers rely on, kept here:
 transient failures are retried (inside the verification's budget), a run whose LLM judge
 failed (``JUDGE ERROR:``) is unknown and retried, a run that returns ``None`` grades
 ``1.0``, the transcript goes to verifiers that take a ``conversation`` parameter, and the
@@ -77,7 +76,7 @@ def verify(
     Blocking; never raises for a verifier problem (that is an unknown grade). The final
     answer is passed *positionally*: kwargs only travel inside the pickled payload, and a
     control plane that reads ``args_array`` would lose them. ``conversation`` (chat
-    messages, sent as the JSON string the previous client sent) goes as the keyword
+    messages, sent as a JSON string, as OpenEnv's ``fleet_env`` does) goes as the keyword
     ``conversation=``; pass it only to verifiers that take it.
 
     A request that failed in transport or with a transient status (429, 5xx) is retried
@@ -170,8 +169,7 @@ def verify(
                       else None)
         return Grade.unknown(GradeReason.VERIFIER_ERROR, _error_text(response.error),
                              error_type=str(error_type or "VerifierError"), **done)
-    # The previous client graded a run that returned None as a pass (1.0); verifiers
-    # written for it end without a return value when every check passed.
+    # None is a pass (1.0): verifiers end without a return value when every check passed.
     score = 1.0 if response.result is None else score_of(response.result)
     if score is None:
         return Grade.unknown(

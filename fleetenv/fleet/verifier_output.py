@@ -1,9 +1,8 @@
 """Reading what a verifier says besides its score: judge errors, accumulators, apps.
 
-Fleet's verifiers print structured text to stdout, and the trainers built on the previous
-Fleet client (OpenEnv's ``fleet_env``) graded from it. These parsers keep that client's
-rules exactly (research note ``openenv-fleet-env.md`` §6.1, §6.4), because reward curves
-of running experiments depend on them:
+Fleet's verifiers print structured text to stdout, and trainers built on OpenEnv's
+``fleet_env`` grade from it. These parsers keep its rules exactly, because reward curves of
+running experiments depend on them:
 
 - A line that *starts* with ``JUDGE ERROR:`` means the LLM judge inside a verifier failed
   (a brownout), whatever score the run returned: the grade is unknown, and the run may be
@@ -23,8 +22,8 @@ an accumulator that is not a list literal is unreadable (the original counted a 
 characters).
 
 Which verifiers want the conversation is decided from the parsed source (``ast``), not a
-regular expression: the original's regex missed multi-line signatures and defaults that
-contain parentheses. Each source is parsed once (cached).
+regular expression, which would miss multi-line signatures and defaults that contain
+parentheses. Each source is parsed once (cached).
 
 CPython before 3.11.8 / 3.12.2 builds AST objects with state shared by all threads, and
 two threads building at once can fail with a spurious ``SystemError: AST constructor
@@ -270,7 +269,7 @@ def accepts_conversation(source: str | None) -> bool:
     """Does the verifier's function take a ``conversation`` parameter?
 
     Read from the parsed source: the function Fleet runs (the first top-level ``def``),
-    or a top-level ``verify`` (the previous client's rule). A ``**kwargs`` catch-all does
+    or a top-level ``verify`` (OpenEnv's ``fleet_env`` rule). A ``**kwargs`` catch-all does
     not count: such a verifier did not ask for the transcript. Source that does not
     parse says no; running it will report the syntax error.
     """

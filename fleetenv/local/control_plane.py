@@ -1,6 +1,6 @@
 """The control plane at the base URL: what ``FLEET_BASE_URL`` points at.
 
-Routes and bodies follow fleet-python 0.2.133 (see research/fleet-python-sdk.md §3-§8):
+Routes and bodies follow fleet-python 0.2.133:
 errors are ``{"detail": ...}`` with the status codes its error mapping turns into typed
 exceptions. Authentication (bearer token) is checked by the caller (``asgi``).
 """

@@ -3,8 +3,8 @@
 The registry lives on the server's event loop and is only touched from it (the admin
 route adds and clears faults), so it needs no locks. Each fault has a kind, optional
 selectors and a budget: ``times=None`` applies until cleared, ``times=N`` to the next N
-matching events. The kinds and their parameters are listed in ``fleetenv.local``'s
-module docstring; ``KINDS`` below is the single source of truth the admin route checks.
+matching events. The kinds and their effects are listed in docs/local-fleet.md; ``KINDS``
+below is the single source of truth the admin route checks.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ KINDS: dict[str, frozenset[str]] = {
     "verifier_delay": frozenset({"instance", "key", "seconds"}),
     "verifier_judge_error": frozenset({"instance", "key", "message"}),
 }
-HTTP_KINDS = ("drop_connection", "http_hang", "http_delay", "http_error")
 #: What a ``tool_output`` fault appends to the tool's real result: ``huge`` is ``size``
 #: bytes of text; ``binary`` is ``size`` bytes that are not UTF-8, as a blob resource plus
 #: the text a careless server would make of them.

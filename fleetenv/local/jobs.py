@@ -1,7 +1,7 @@
 """Fleet's task import and harness jobs, on the local Fleet.
 
 Routes (wire format of fleet-python 0.2.133's ``import_single_task``, ``create_job``,
-``get_job``, ``list_jobs`` and ``list_job_sessions``; research/fleet-python-sdk.md §3, §10):
+``get_job``, ``list_jobs`` and ``list_job_sessions``):
 
 * ``POST /v1/tasks?project_key=`` a task in ``fleet.tasks.Task.model_dump()`` form; the
   task is validated (a missing field or an environment this Fleet does not serve is a 4xx

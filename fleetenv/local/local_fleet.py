@@ -339,7 +339,7 @@ class LocalFleet:
             connection.close()
         data = json.loads(raw) if raw else None
         if response.status >= 400:
-            # repr(): the same b'...' text an f-string gave the bytes before.
+            # repr(): the raw bytes as b'...' text.
             message = data.get("detail") if isinstance(data, dict) else repr(raw[:200])
             raise LocalFleetError(f"local Fleet admin call {method} {path} failed "
                                   f"({response.status}): {message}")

@@ -49,10 +49,9 @@ _UNAUTHORIZED_BODY = (
     b'{"detail":"this instance\'s MCP endpoints require \'Authorization: Bearer <API key>\'"}'
 )
 
-#: ``(tool_name, call_id) -> None``; may sleep, hang or raise ToolError (fault injection),
-#: and records the execution when it returns.
-#: Runs before every tool call: applies faults and counts the call. It may return a
-#: function that rewrites the tool's result (``tool_output`` faults).
+#: ``(tool_name, call_id)``, awaited before every tool call: applies faults (it may sleep,
+#: hang or raise ToolError) and counts the call; it may return a function that rewrites
+#: the tool's result (``tool_output`` faults).
 ToolGate = Callable[[str, str | None], Awaitable[Any]]
 
 

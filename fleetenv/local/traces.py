@@ -2,7 +2,7 @@
 
 Fleet keeps agent transcripts ("sessions") grouped in trace jobs. The write routes follow
 fleet-python 0.2.133 (``fleet.models.TraceJobRequest/Response``,
-``SessionIngestRequest/Response``; research/fleet-python-sdk.md §10):
+``SessionIngestRequest/Response``):
 
 * ``POST /v1/traces/jobs``      ``{"name": str|null}`` -> ``{"job_id", "name", "status"}``
 * ``POST /v1/sessions/ingest``  create a session (no ``session_id``) or append to one
@@ -22,8 +22,7 @@ opens the pages and nothing else, and the token itself never appears in a URL.
 :func:`page_url` builds the link ``fleetenv serve`` prints. The pages escape everything
 they show and forbid scripts (``Content-Security-Policy``); images are shown only as
 ``data:image/...`` URLs, so viewing a trace fetches nothing from anywhere. Like Fleet's
-session viewer (as the previous client found it), the page shows no images in ``user``
-messages: it says they are there, and how many.
+session viewer, the page shows no images in ``user`` messages: it says they are there, and how many.
 
 The store lives in memory for the life of the server, bounded by ``max_sessions`` and
 ``max_bytes`` (the request bodies it kept; the oldest sessions are forgotten first) and

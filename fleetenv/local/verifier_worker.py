@@ -552,7 +552,7 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     _namespace()  # warm up: imports fleet-python and the DSL once
-    import cloudpickle  # noqa: F401
+    import cloudpickle  # noqa: F401  # warm up: the jobs unpickle their arguments
 
     _SUBREAPER = _become_subreaper()
     signal.signal(signal.SIGTERM, _terminate)

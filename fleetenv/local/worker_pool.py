@@ -100,7 +100,7 @@ class _Worker:
         return self.proc.poll() is None
 
     def _read(self) -> None:
-        stdout: IO[bytes] = self.proc.stdout  # type: ignore[assignment]
+        stdout: IO[bytes] = self.proc.stdout  # type: ignore[assignment]  # Popen(stdout=PIPE)
         for line in stdout:
             try:
                 message = json.loads(line)
@@ -115,7 +115,7 @@ class _Worker:
         self.pool._on_exit(self)
 
     def send(self, job: dict[str, Any]) -> None:
-        stdin: IO[bytes] = self.proc.stdin  # type: ignore[assignment]
+        stdin: IO[bytes] = self.proc.stdin  # type: ignore[assignment]  # Popen(stdin=PIPE)
         stdin.write(json.dumps(job).encode("utf-8") + b"\n")
         stdin.flush()
 

@@ -2,11 +2,9 @@
 
 Servers commonly ignore arguments they do not declare, so a model that invents a
 parameter name (the most common tool-use mistake) gets a plausible answer and learns
-nothing: the README's first example once passed ``query`` to a tool without such a
-parameter and got every ticket back. Here the arguments are checked with the
-``jsonschema`` package against the schema the server listed, and what is wrong comes
-back as one :class:`~fleetenv.core.errors.ToolArgumentsError` whose message names every
-problem, e.g.::
+nothing. Here the arguments are checked with the ``jsonschema`` package against the
+schema the server listed, and what is wrong comes back as one
+:class:`~fleetenv.core.errors.ToolArgumentsError` whose message names every problem, e.g.::
 
     search_tickets: unknown argument 'query' (this tool takes: status, priority, ...)
 
@@ -129,7 +127,7 @@ class ArgumentChecker:
 
     Validators are looked up once per tool (cached by tool identity; a new listing gets
     new ones) and built once per distinct schema in the process, so a call costs one
-    validation: 7-60 µs for the bundled apps' schemas.
+    validation.
 
     Not thread-safe (one per episode, as its toolbox).
     """

@@ -320,10 +320,8 @@ class MCPConnection:
         try:
             return await self._send_call(live, name, args, timeout_s, call_meta)
         except failures.NeverSent as first:
-            # The server answered HTTP 404 "session not found" (it restarted or expired the
-            # session). Its session manager checks the session id before any request
-            # reaches a handler, so the tool did not run: one send on a fresh session is
-            # safe. The same call id goes along, so a server can still spot duplicates.
+            # Turned away before it ran (failures.session_gone_answer): one send on a fresh
+            # session is safe. The same call id goes along, so a server can spot duplicates.
             self._mark_lost(live, first)
             live = await self._ensure_live()
             try:
@@ -638,7 +636,7 @@ _loading: Any = None  # the asyncio future of the import in progress (loop threa
 def _import_dependencies() -> None:
     global _dependencies_loaded
     compat.features()  # which mcp 2.x (a clear error on 1.x), detected here, off the loop
-    import httpx2  # noqa: F401
+    import httpx2  # noqa: F401  # imported here, off the loop, like the rest
     import mcp.client.streamable_http
     import mcp.types
 

@@ -2,9 +2,9 @@
 
 MCP has a flag for it (``isError``), and :class:`~fleetenv.core.tool_results.ToolResult`
 keeps that flag as it came. But many of Fleet's servers answer a failed request with a
-normal result whose *payload* says it failed, and users of the previous Fleet client
-rely on those counting as tool errors (in the episode's error count, the agent's
-``Error:`` observation and the tool-error events). A rule turns a result into ``None``
+normal result whose *payload* says it failed, and trainers rely on those counting as
+tool errors (in the episode's error count, the agent's ``Error:`` observation and the
+tool-error events). A rule turns a result into ``None``
 (not an error) or the error's message. The episode applies it in exactly one place (its
 tool-call path); nothing else guesses.
 
@@ -15,24 +15,22 @@ The rules (``FleetEnv(tool_error_rule=...)``):
     2. Otherwise the result's *payload* is looked at: its structured content when that is
        a JSON object, else its only content block when that is a text holding a JSON
        object. Results with several blocks, images, or a payload that is a list, a
-       string or a number are never errors under this rule (as in the previous client).
-       The payload is an error when, at its top level:
+       string or a number are never errors under this rule. The payload is an error
+       when, at its top level:
 
        - ``"error"`` is non-empty: not ``null``, ``false``, ``0``, ``""`` (or blanks),
          ``{}`` or ``[]``. So a record whose ``error`` field is null or empty is data,
-         not an error (the previous client's ``{"error": null}`` false positive is
-         gone). The message is the value when it is a string, the ``message`` /
+         not an error. The message is the value when it is a string, the ``message`` /
          ``detail`` / ``error`` of it when it is an object, else the payload's own
          ``message`` / ``detail``, else the value as JSON;
-       - ``"isError"`` (or ``"is_error"``) is true (kept from the previous client);
+       - ``"isError"`` (or ``"is_error"``) is true;
        - ``"status"`` is ``"failed"`` or ``"error"`` (any case). The message is the
          payload's ``message``, ``error`` or ``detail``, else ``status=<value>``.
 
        Nested objects and list items are never looked at: a list of records where one
        has ``status: "failed"`` is data. A *single* record returned as the payload with
-       ``status: "failed"`` does count (the previous client's behaviour, which users
-       rely on); for servers whose records look like that, use ``"protocol"`` or a
-       callable.
+       ``status: "failed"`` does count (trainers rely on it); for servers whose records
+       look like that, use ``"protocol"`` or a callable.
 ``"protocol"``
     Only the ``isError`` flag.
 a callable ``(ToolResult) -> str | None``

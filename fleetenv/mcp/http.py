@@ -3,9 +3,8 @@
 Each MCP connection gets its own ``httpx2.AsyncClient`` with its own small connection
 pool: its headers (each endpoint carries its own auth), timeouts and cookies are its own,
 and its pool holds only its own two or three connections (the session's long-lived GET
-stream and the POSTs). One process-wide pool was measured to cost a lot at rollout
-scale: httpcore scans every pooled connection on every request, so with 64 episodes
-(about 128 connections) the scan alone took a sixth of the loop thread's CPU.
+stream and the POSTs): httpcore scans every pooled connection on every request, so one
+process-wide pool would cost the loop thread CPU in proportion to the whole rollout.
 
 What is expensive to build is the SSL context (tens of milliseconds of CPU): the process
 builds ONE per runtime generation, off the loop, and every connection's pool shares it.
@@ -14,14 +13,9 @@ open, and a bounded pool would make the session's next request wait for it.
 Closing a connection's client closes its pool. Proxies from the environment are honoured
 by each client (``trust_env``), as httpx2 does by default.
 
-Keep-alive: the ``mcp`` client closes a POST's reply as soon as it has the JSON-RPC
-answer, before the server's end of the stream (an SSE reply's last chunk, or the empty
-body of a ``202``) was read; httpcore then closes the TCP connection instead of pooling
-it, so every request paid a new connection. Each client's transport therefore reads the
-rest of a reply it closes (`fleetenv.mcp.keepalive`).
-
-Size: ``mcp`` reads an ``application/json`` reply whole; the same transport stops reading
-one at the message limit (`fleetenv.mcp.keepalive`), as ``mcp`` does for an SSE event.
+Each client's transport (`fleetenv.mcp.keepalive`) reads the rest of a reply the ``mcp``
+client closes early, so its connection is pooled, and caps a JSON reply at the message
+limit, as ``mcp`` caps an SSE event.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """The transport under each MCP client: keep-alive, and the size cap of replies.
 
 Keep-alive: the ``mcp`` client closes a POST's reply as soon as it has the JSON-RPC
-answer: an SSE reply before the server's last chunk, a ``202`` before its (empty) body
-was read. httpcore then closes the TCP connection instead of returning it to the pool, so
-every request of a session paid a new connection (23 per 12-call episode, against 3 now).
-The transport made here reads what is left of a POST or DELETE reply when it is closed,
-so the connection goes back to the pool. It does so after the caller already has its
-answer (the ``mcp`` client delivers the answer, then closes), and bounded: at most
-``MAX_DRAIN_BYTES`` within ``DRAIN_S``; a server that keeps the stream open longer loses
-the connection, as before. GET replies (the session's long-lived stream) are closed as
-they are.
+answer: an SSE reply before the server's last chunk, a ``202`` before its (empty) body was
+read. httpcore then closes the TCP connection instead of returning it to the pool, so
+every request of a session would pay a new connection. The transport made here reads what
+is left of a POST or DELETE reply when it is closed, so the connection goes back to the
+pool. It does so after the caller already has its answer (the ``mcp`` client delivers the
+answer, then closes), and bounded: at most ``MAX_DRAIN_BYTES`` within ``DRAIN_S``; a
+server that keeps the stream open longer loses the connection. GET replies (the session's
+long-lived stream) are closed as they are.
 
 Size cap: the ``mcp`` client reads an ``application/json`` reply (and the JSON error of a
 4xx) whole before parsing it; only the events of an SSE reply have a size limit there. So,
@@ -47,12 +46,8 @@ logger = logging.getLogger("fleetenv.mcp")
 def keep_alive_transport(
     inner: httpx2.AsyncBaseTransport, *, limit: int | None = None
 ) -> httpx2.AsyncBaseTransport:
-    """``inner``, made to let a POST or DELETE reply closed before its end keep its
-    connection: closing it first reads the rest (at most ``MAX_DRAIN_BYTES`` within
-    ``DRAIN_S``; a server that keeps the stream open longer loses the connection, as
-    before). GET replies (the session's long-lived stream) are closed as they are.
-    With a ``limit``, reading a longer reply that is not an SSE stream raises
-    `ReplyTooLarge`."""
+    """``inner``, draining POST and DELETE replies closed early and, with a ``limit``,
+    raising `ReplyTooLarge` past it (see the module docstring)."""
     transport_class, _ = _keep_alive_classes()
     transport: httpx2.AsyncBaseTransport = transport_class(inner, limit)
     return transport
@@ -137,7 +132,7 @@ def _keep_alive_classes() -> tuple[type[Any], type[Any]]:
                         received += len(await iterator.__anext__())
                 except StopAsyncIteration:
                     pass  # the whole reply was read: the connection goes back to the pool
-                except Exception as exc:  # a broken rest: the connection closes, as before
+                except Exception as exc:  # a broken rest: the connection closes
                     logger.debug("reading the rest of an MCP reply failed: %r", exc)
 
     class KeepAliveTransport(httpx2.AsyncBaseTransport):

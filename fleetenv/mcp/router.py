@@ -6,11 +6,9 @@ endpoint (in the given order) that lists it. A *fallback* endpoint is opened onl
 the endpoints before it serve no tool (absent, or listing none): a tool-use episode opens
 ``{root}mcp`` alone (one session, not two) and reaches for ``{root}api/v1/mcp`` only on
 images that serve their tools there (``union=True`` opens both at once and routes the
-tools of both, as the previous Fleet client listed them). A required endpoint that fails
-is an error that names it: the previous client silently continued with a shorter tool
-list, which once dropped the ``computer`` tool from whole training runs. An optional
-endpoint that is simply not there (HTTP 404/405) is skipped; any other failure of it is
-an error too.
+tools of both). A required endpoint that fails is an error that names it, never a
+silently shorter tool list. An optional endpoint that is simply not there (HTTP 404/405)
+is skipped; any other failure of it is an error too.
 """
 
 from __future__ import annotations

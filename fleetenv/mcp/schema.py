@@ -1,8 +1,7 @@
 """MCP tool input schemas -> OpenAI function ``parameters``, without losing meaning.
 
-The previous client dropped ``$ref``/``$defs`` (so nested pydantic models arrived as empty
-objects), left ``description: None`` in place and lost the type of nullable fields. The
-rules here:
+Nested models keep their fields, no value is ``None`` and nullable fields keep their
+type. The rules:
 
 * Local ``$ref`` pointers are inlined (sibling keywords such as ``description`` override
   the target's). A recursive reference stays a ``$ref`` and its target is kept under the

@@ -6,29 +6,7 @@ Higher layers never create event loops or threads; they hand work to the process
 """
 
 from fleetenv.runtime.groups import unwrap_group
-from fleetenv.runtime.loop import (
-    LOOP_THREAD_NAME,
-    MAX_POOL_THREADS,
-    POOL_THREAD_PREFIX,
-    Runtime,
-    add_shutdown_hook,
-    await_future,
-    current,
-    on_fleetenv_loop,
-    remove_shutdown_hook,
-    shutdown,
-)
+from fleetenv.runtime.loop import *  # noqa: F403  # the loop's public names, as its __all__
+from fleetenv.runtime.loop import __all__ as _loop_names
 
-__all__ = [
-    "LOOP_THREAD_NAME",
-    "MAX_POOL_THREADS",
-    "POOL_THREAD_PREFIX",
-    "Runtime",
-    "add_shutdown_hook",
-    "await_future",
-    "current",
-    "on_fleetenv_loop",
-    "remove_shutdown_hook",
-    "shutdown",
-    "unwrap_group",
-]
+__all__ = [*_loop_names, "unwrap_group"]

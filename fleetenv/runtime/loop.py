@@ -9,13 +9,12 @@ anyio's ``BlockingPortal`` owns its loop: blocking callers hand it coroutines (`
 `run_blocking`), and any thread, a finalizer's included, may enqueue a callback
 (`call_soon`). The process's current runtime is `current()`.
 
-Lifecycle rules, each one learned the hard way (see the research notes):
+Lifecycle rules:
 
-* The loop thread is fleetenv's own, not anyio's ``start_blocking_portal``: interrupted
-  while it starts, that context manager joins its thread, which serves until stopped, so
-  one Ctrl-C at the wrong millisecond hung the caller. Here the loop thread (which never
-  receives Ctrl-C) installs itself; callers wait for it outside the lock and may leave at
-  any moment (`_Handoff`).
+* The loop thread (which never receives Ctrl-C) installs itself; callers wait for it
+  outside the lock and may leave at any moment (`_Handoff`). Not anyio's
+  ``start_blocking_portal``: interrupted while starting, it joins a thread that serves
+  until stopped, so a Ctrl-C there would hang the caller.
 * Interpreter exit runs the registered shutdown hooks (in the main thread, while the loop
   still runs: they close sessions, delete instances), then stops the loop; the runtime
   that replaces it refuses to start.
@@ -28,8 +27,7 @@ Lifecycle rules, each one learned the hard way (see the research notes):
   there (`LoopThreadError`) because they would wait for themselves forever.
 * A pool job may wait for the network or a cap, never for a pool job queued behind it:
   with every thread waiting, nothing would run. Runners bound their episodes so that
-  provisioning never waits for a live-instance slot that only a queued delete would free
-  (see ``fleetenv.rollouts.async_jobs``).
+  provisioning never waits for a live-instance slot that only a queued delete would free.
 """
 
 from __future__ import annotations
@@ -346,8 +344,8 @@ class Runtime:
         """Start the loop thread; it installs itself. Caller holds ``_lock``.
 
         Not ``Thread.start()`` here: it waits on a Condition, and Ctrl-C in that wait can
-        leave the Condition's lock held, wedging the new thread in its bootstrap (seen in
-        CPython 3.11). A bare thread starts the real one, out of Ctrl-C's reach.
+        leave the Condition's lock held, wedging the new thread in its bootstrap. A bare
+        thread starts the real one, out of Ctrl-C's reach.
         """
         handoff = self._starting = _Handoff(self)
         try:
@@ -376,10 +374,9 @@ class Runtime:
         """Start ``fn(*args)`` as a task on the loop without waiting for the loop to pick
         it up.
 
-        Measured on the tool-call path: the portal's ``start_task_soon`` blocks the caller
-        until the loop acknowledges the spawn, and ``run_coroutine_threadsafe`` resolves
-        the future one loop iteration after the task ends. Here the task resolves the
-        future itself, as its last step, and nobody waits for the spawn.
+        The task resolves the future itself, as its last step, and nobody waits for the
+        spawn: the portal's ``start_task_soon`` blocks the caller until the loop
+        acknowledges it, and ``run_coroutine_threadsafe`` resolves one iteration late.
         ``future.cancel()`` cancels the task. Tasks are tracked so `stop` can cancel them.
         """
         loop = self._running()

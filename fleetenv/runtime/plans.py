@@ -1,8 +1,7 @@
 """Running episode logic from sync code and from asyncio code, written once.
 
-The previous Fleet client kept a sync and an async copy of provisioning, and they
-drifted (only one emitted the provisioning event, only one had ``skip_mcp``). Here the
-episode logic is a generator that *yields* the I/O it needs, as one of two operations:
+The logic is a generator that *yields* the I/O it needs, so one copy serves both
+drivers and the two cannot drift. An operation is one of two kinds:
 
 - :class:`Blocking`: a blocking call (fleet-python, ``requests``). The sync driver runs
   it in the caller's thread; the async driver runs it on the runtime's pool, so the
@@ -103,12 +102,11 @@ async def run_async(plan: Plan[T]) -> T:
 def _unwind_later(plan: Plan[Any], interruption: BaseException) -> None:
     """Finish an interrupted plan's cleanup on the runtime's pool; the caller leaves now.
 
-    Why: a plan stopped at a ``yield`` by Ctrl-C or a cancelled ``await`` (say
-    ``asyncio.wait_for(env.close_async(), 5)``) would otherwise be dropped half-way. Its
-    ``finally`` blocks (closing MCP sessions, deleting the instance) then never ran, and
-    when the generator was collected Python reported "generator ignored GeneratorExit".
-    Here the interruption is thrown into the plan, as it would be into ordinary code,
-    and the operations its cleanup yields still run, each with its own deadline.
+    A plan stopped at a ``yield`` by Ctrl-C or a cancelled ``await`` (say
+    ``asyncio.wait_for(env.close_async(), 5)``) would otherwise be dropped half-way, its
+    ``finally`` blocks (closing MCP sessions, deleting the instance) never run. The
+    interruption is thrown into the plan, as into ordinary code, and the operations its
+    cleanup yields still run, each with its own deadline.
     """
     # Shutting down (the pool refuses work): the exit hooks delete.
     with contextlib.suppress(RuntimeError, FleetEnvError):

@@ -4,9 +4,7 @@ Porting is one changed import line, so every name SkyRL's and Tinker's integrati
 import from ``envs.fleet_env`` imports from ``fleetenv.adapters.openenv`` too, with the
 original's signatures. Underneath are fleetenv's implementations
 (:mod:`fleetenv.env.context_tools`, :mod:`fleetenv.fleet.traces`,
-:mod:`fleetenv.fleet.evaluator`), so the original's bugs stay fixed: one Fleet host, no
-fallback token, no S3 side channel for images, no blocking SDK calls inside ``async``
-functions, and an unknown evaluation score stays ``None`` instead of becoming 0.0 or 1.0.
+:mod:`fleetenv.fleet.evaluator`); docs/porting.md lists where they behave differently.
 """
 
 from __future__ import annotations
@@ -85,8 +83,8 @@ class ContextManager:
 # ---------------------------------------------------------------------- sessions
 
 def _session_for(api_key: str | None) -> Any:
-    """The shared session of an API key for the module-level functions (the original
-    opened a client per call); ``None``: ``FLEET_API_KEY``, or the embedded local Fleet."""
+    """The shared session of an API key for the module-level functions; ``None``:
+    ``FLEET_API_KEY``, or the embedded local Fleet."""
     from fleetenv.fleet.session import Session
 
     return Session.shared(api_key=api_key)
@@ -96,9 +94,8 @@ def _session_for(api_key: str | None) -> Any:
 
 async def create_trace_job(api_key: str, name: str, *, jobs_url: str | None = None) -> str:
     """OpenEnv's ``create_trace_job``: a trace job on Fleet; returns its id. Raises
-    :class:`~fleetenv.errors.TraceUploadError` when Fleet refuses (the original raised
-    too). ``jobs_url``: the host that serves trace jobs when it is not the Fleet base URL
-    (the original always used its platform host)."""
+    :class:`~fleetenv.errors.TraceUploadError` when Fleet refuses. ``jobs_url``: the host
+    that serves trace jobs when it is not the Fleet base URL."""
     from fleetenv.fleet.traces import TraceClient
 
     client = TraceClient(_session_for(api_key), jobs_url=jobs_url)
@@ -132,8 +129,8 @@ async def upload_trace(api_key: str, job_id: str, task_key: str, model: str,
 class TaskEvaluator:
     """OpenEnv's ``TaskEvaluator``: Fleet harness jobs that grade a task with hosted
     models, on :class:`fleetenv.Evaluator`. ``evaluate`` returns the original's dict;
-    a rollout without a score is ``None`` in ``results_per_model`` (the original wrote
-    1.0 or 0.0) and counted in ``num_errors``."""
+    a rollout without a score is ``None`` in ``results_per_model`` and counted in
+    ``num_errors``."""
 
     def __init__(self, api_key: str | None = None, k_rollouts: int = 4,
                  models: list[str] | None = None, max_steps: int = 30,

@@ -1,14 +1,13 @@
 """How the drop-in shows a tool result: the value OpenEnv's ``FleetTaskEnv`` put in
 ``obs["observation"]``.
 
-The original turned every result into "whatever Python value seemed right" (research
-note §5.4). Code written against it expects three things, and gets them here: a JSON
-object or list printed by the tool arrives *parsed* (``obs["observation"]["rows"]``
-works), a failed call arrives as ``{"error": message}``, and a result with images
-arrives as chat content parts. What fleetenv fixed stays fixed: any other text is kept
-exactly as the tool returned it (``"null"`` stays ``"null"``, ``"007"`` stays a string),
-blocks keep their order, and the typed :class:`~fleetenv.core.tool_results.ToolResult` stays
-available next to this rendering (``info["typed_result"]``).
+Code written against it expects three things, and gets them here: a JSON object or list
+printed by the tool arrives *parsed* (``obs["observation"]["rows"]`` works), a failed call
+arrives as ``{"error": message}``, and a result with images arrives as chat content parts.
+Any other text is kept exactly as the tool returned it (``"null"`` stays ``"null"``,
+``"007"`` stays a string), blocks keep their order, and the typed
+:class:`~fleetenv.core.tool_results.ToolResult` stays available next to this rendering
+(``info["typed_result"]``).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ def parse_json_container(text: str) -> Any:
     """``text`` parsed when it is a JSON object or list; otherwise ``text`` unchanged.
 
     Scalars are not parsed on purpose: a tool that printed ``null`` or ``42`` said a
-    string, and turning it into ``None`` (then ``{}``) lost results in the original.
+    string.
     """
     stripped = text.strip()
     if not stripped or stripped[0] not in "{[":

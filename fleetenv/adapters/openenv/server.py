@@ -63,18 +63,18 @@ from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 try:
-    from openenv.core.env_server.http_server import (  # type: ignore[import-untyped]
+    from openenv.core.env_server.http_server import (
         create_fastapi_app,
     )
-    from openenv.core.env_server.interfaces import (  # type: ignore[import-untyped]
+    from openenv.core.env_server.interfaces import (
         Environment,
     )
-    from openenv.core.env_server.mcp_types import (  # type: ignore[import-untyped]
+    from openenv.core.env_server.mcp_types import (
         CallToolObservation,
         ListToolsObservation,
         Tool,
     )
-    from openenv.core.env_server.types import (  # type: ignore[import-untyped]
+    from openenv.core.env_server.types import (
         Action,
         ConcurrencyConfig,
         EnvironmentMetadata,
@@ -124,7 +124,7 @@ _INFO_DROPPED = frozenset({"tools"})
 # ---------------------------------------------------------------------- wire types
 
 
-class FleetServerAction(Action):  # type: ignore[misc]
+class FleetServerAction(Action):  # type: ignore[misc]  # untyped base (Any)
     """One action: a tool call, a list-tools request, or a whole model turn.
 
     ``type`` may be left out: ``tool_name`` means ``call_tool``, ``text`` / ``message``
@@ -166,7 +166,7 @@ class FleetServerAction(Action):  # type: ignore[misc]
         return self
 
 
-class FleetServerObservation(Observation):  # type: ignore[misc]
+class FleetServerObservation(Observation):  # type: ignore[misc]  # untyped base (Any)
     """What the agent sees after ``reset`` or a turn.
 
     ``text`` is the prompt after ``reset`` and the tool results after a step;
@@ -189,7 +189,7 @@ class FleetServerObservation(Observation):  # type: ignore[misc]
     info: dict[str, Any] = Field(default_factory=dict)
 
 
-class FleetCallToolObservation(CallToolObservation):  # type: ignore[misc]
+class FleetCallToolObservation(CallToolObservation):  # type: ignore[misc]  # untyped base (Any)
     """OpenEnv's ``CallToolObservation`` (``tool_name``, ``result``: the tool's text)
     with fleetenv's step details. A tool error is a result the agent reads
     (``is_error``), not an OpenEnv transport error, so the episode goes on."""
@@ -203,7 +203,7 @@ class FleetCallToolObservation(CallToolObservation):  # type: ignore[misc]
     info: dict[str, Any] = Field(default_factory=dict)
 
 
-class FleetServerState(State):  # type: ignore[misc]
+class FleetServerState(State):  # type: ignore[misc]  # untyped base (Any)
     """OpenEnv's ``episode_id`` / ``step_count`` plus the task and how the episode ended."""
 
     task_key: str | None = None
@@ -272,7 +272,7 @@ class FleetServerSettings:
 # ---------------------------------------------------------------------- environment
 
 
-class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]
+class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]  # untyped base (Any)
     """One OpenEnv session: episodes of Fleet tasks on one :class:`fleetenv.FleetEnv`.
 
     Cheap to construct (nothing remote happens until ``reset``): OpenEnv's stateless

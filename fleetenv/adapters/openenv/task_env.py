@@ -10,12 +10,10 @@ Swap the import and existing integrations keep working::
     env.close()
     env.final_reward, env.verifier_stdout, env.tool_errors_list   # read after close
 
-Underneath is a :class:`fleetenv.FleetEnv`, so the old client's bugs are gone: no
-``asyncio.run`` per call (sync ``step`` works from a thread that runs a loop), no MCP
-session per tool call, no lost reward at close, no blind retry of a tool call, and
-``reward`` is ``None`` (not 0.0) when the grade is unknown.
+Underneath is a :class:`fleetenv.FleetEnv`, whose rules hold (docs/porting.md lists what
+differs from the original): ``reward`` is ``None`` (not 0.0) when the grade is unknown.
 
-Observation dicts keep the old keys: ``prompt``, ``observation``, ``step``, ``task_key``,
+Observation dicts keep the original's keys: ``prompt``, ``observation``, ``step``, ``task_key``,
 ``modality``, ``tools`` (OpenAI format) and, after reset of a computer/browser task,
 ``initial_screenshot`` (a list of ``image_url`` parts). ``observation`` is rendered as
 the original did (see ``rendering.py``): a JSON object or list parsed, ``{"error": ...}``
@@ -166,8 +164,7 @@ class FleetTaskEnv:
     @classmethod
     def from_json_file_all(cls, path: str | PathLike[str], **kwargs: Any) -> list[FleetTaskEnv]:
         """One env per task of a task file, in file order (nothing is provisioned yet).
-        Any task file format fleetenv reads works (the original took only
-        ``{"tasks": [...]}``)."""
+        Any task file format fleetenv reads works."""
         return [cls(task, **kwargs) for task in load_tasks(path)]
 
     # ------------------------------------------------------------------ the original's attributes

@@ -132,7 +132,7 @@ class ComputerSession:
     def reset_ui(self) -> None:
         """Forget the UI state (current view, focus, typed text, scroll), as a page
         reload does: the next screenshot shows the app's start screen. An episode's
-        reset restores the database; without this the old view survived it."""
+        reset restores the database, and the view must not outlive it."""
         if self._make_screen is None:
             return
         with self._lock:

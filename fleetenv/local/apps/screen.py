@@ -26,9 +26,6 @@ PALE_BLUE: Color = (219, 234, 254)
 GREEN: Color = (22, 128, 61)
 PALE_GREEN: Color = (220, 252, 231)
 RED: Color = (190, 30, 45)
-PALE_RED: Color = (254, 226, 226)
-AMBER: Color = (180, 83, 9)
-PALE_AMBER: Color = (254, 243, 199)
 NAVY: Color = (30, 41, 59)
 
 GLYPH_W = 5
@@ -86,11 +83,6 @@ def _glyph_rows(char: str, fg: Color, bg: Color, scale: int) -> tuple[bytes, ...
         out.extend([line] * scale)
     out.extend([off * CELL_W] * scale)
     return tuple(out)
-
-
-def text_width(text: str, scale: int = 1) -> int:
-    """Width in pixels of ``text`` drawn at ``scale``."""
-    return len(text) * CELL_W * scale
 
 
 def fit(text: str, max_chars: int) -> str:

@@ -427,8 +427,12 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
 
     def set_tags(
         ticket_id: Annotated[int, Field(description="The ticket number.")],
-        add: Annotated[list[str], Field(description="Tag names to attach.")] = [],  # noqa: B006
-        remove: Annotated[list[str], Field(description="Tag names to detach.")] = [],  # noqa: B006
+        add: Annotated[
+            list[str], Field(description="Tag names to attach.")
+        ] = [],  # noqa: B006 - pydantic copies defaults
+        remove: Annotated[
+            list[str], Field(description="Tag names to detach.")
+        ] = [],  # noqa: B006 - pydantic copies defaults
     ) -> dict[str, Any]:
         """Attach and/or detach tags on a ticket; returns the tags it now carries."""
         with tool_errors(), db() as conn:
