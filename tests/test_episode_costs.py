@@ -64,12 +64,13 @@ def test_a_tool_use_episode_sends_only_the_requests_it_needs(quiet_fleet: LocalF
         # One POST per tool call, no more.
         assert posts_seen(local_fleet, posts) - handshake_posts == CALLS
         env.close(grade=False)
-    # Create the instance; initialize, initialized, the GET stream and tools/list on
-    # {root}mcp; end the session (DELETE); delete the instance: 7. On a loaded machine
-    # the GET stream may reconnect or a slow handshake be retried (a CI run saw 8), so
-    # allow 3 more; a second session (the computer endpoint) is caught by the fault
-    # below, whatever the count.
-    assert served(local_fleet) - before - CALLS <= 7 + 3
+    # Create the instance; the runner token (once per session: the instance's services
+    # hold it and may echo it, so it is scrubbed from what the run writes); initialize,
+    # initialized, the GET stream and tools/list on {root}mcp; end the session (DELETE);
+    # delete the instance: 8. On a loaded machine the GET stream may reconnect or a slow
+    # handshake be retried, so allow 3 more; a second session (the computer endpoint) is
+    # caught by the fault below, whatever the count.
+    assert served(local_fleet) - before - CALLS <= 8 + 3
     session.close()
     hits = {fault["kind"]: fault["hits"] for fault in local_fleet.faults.list()}
     assert hits["http_error"] == 0
