@@ -3,7 +3,7 @@
 Each rollout is a task on the ``fleetenv-loop`` thread (no thread per episode): MCP work
 is awaited there directly; the blocking parts of an episode (provisioning, verification,
 deletion, through fleet-python) and a sync policy run on the runtime's bounded pool, an
-async or scripted policy on the loop (see ``async_rollout``).
+async or scripted policy on the loop (see ``rollout``).
 
 To the Runner it looks like an executor: :meth:`LoopEpisodes.start` returns a
 ``concurrent.futures.Future`` that stays *pending* while the rollout waits for one of
@@ -29,9 +29,8 @@ from fleetenv.core.errors import RolloutCancelled
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.types import RolloutResult, StopReason
 from fleetenv.fleet.session import Session
-from fleetenv.rollouts.async_rollout import run_episode_async
 from fleetenv.rollouts.jobs import RolloutJob, blame_cancellation, failed_result
-from fleetenv.rollouts.rollout import CancelToken
+from fleetenv.rollouts.rollout import CancelToken, run_episode_async
 
 __all__ = ["LoopEpisodes"]
 

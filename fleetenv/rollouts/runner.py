@@ -114,7 +114,6 @@ from fleetenv.fleet.registry import install_signal_handlers
 from fleetenv.fleet.session import Session
 from fleetenv.fleet.traces import TraceOptions, TraceReport, TraceUploader
 from fleetenv.rollouts.async_jobs import LoopEpisodes
-from fleetenv.rollouts.async_rollout import is_async_policy, runs_on_loop
 from fleetenv.rollouts.futures import AwaitableFuture
 from fleetenv.rollouts.jobs import (
     JobOutcome,
@@ -128,7 +127,7 @@ from fleetenv.rollouts.jobs import (
 )
 from fleetenv.rollouts.policy_spec import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
-from fleetenv.rollouts.rollout import CancelToken
+from fleetenv.rollouts.rollout import CancelToken, is_async_policy, runs_on_loop
 from fleetenv.rollouts.runner_async import iterate_async, on_pool, take_slot_async
 
 __all__ = ["MODES", "PolicyLike", "Runner"]
