@@ -29,7 +29,7 @@ Lifecycle rules, each one learned the hard way (see the research notes):
 * A pool job may wait for the network or a cap, never for a pool job queued behind it:
   with every thread waiting, nothing would run. Runners bound their episodes so that
   provisioning never waits for a live-instance slot that only a queued delete would free
-  (see ``fleetenv.rollouts.async_jobs``).
+  (see ``fleetenv.rollouts.dispatch.LoopDispatch``).
 """
 
 from __future__ import annotations
