@@ -536,9 +536,10 @@ class Runner:
         self._dispatch.cancel()
         self._sweep()
 
-    def _sweep(self) -> None:
+    def _sweep(self, tags: list[str] | None = None) -> None:
+        """Delete every running instance tagged with ``tags`` (default: ``run_tags``)."""
         swept: list[str] = []
-        for tag in self.run_tags:
+        for tag in tags or self.run_tags:
             try:
                 swept += self.session.sweep(tag)
             except Exception as exc:  # cleanup goes on; TTLs reap what a failed sweep left
