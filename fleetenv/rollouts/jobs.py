@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetenv.core.config import FleetConfig
-from fleetenv.core.errors import ConfigurationError, RolloutCancelled
+from fleetenv.core.errors import ConfigurationError, RolloutCancelled, RolloutWorkerError
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event
 from fleetenv.core.redaction import redact
@@ -42,6 +42,7 @@ __all__ = [
     "run_job",
     "run_job_collecting_events",
     "worker_config",
+    "worker_failed",
 ]
 
 PolicyLike = Policy | PolicySpec | Callable[[PolicyContext], Any] | str
@@ -171,6 +172,13 @@ def failed_result(job: RolloutJob, exc: BaseException, *,
         policy=describe_policy(job.policy), stop_reason=stop_reason,
         error={"type": type(exc).__name__, "message": redact(str(exc))[:2000]},
     )
+
+
+def worker_failed(job: RolloutJob, exc: BaseException, what: str) -> RolloutResult:
+    """The result of a rollout whose worker failed (not its episode: that is a result)."""
+    return failed_result(job, exc if isinstance(exc, RolloutWorkerError) else
+                         RolloutWorkerError(f"{what}: {type(exc).__name__}: {exc}",
+                                            task=job.task.key, env=job.task.env_spec))
 
 
 def cancelled_result(job: RolloutJob, why: str = "the run was cancelled before this "

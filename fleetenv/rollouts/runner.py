@@ -30,7 +30,6 @@ from fleetenv.core.errors import (
     ConfigurationError,
     EpisodeStateError,
     RolloutCancelled,
-    RolloutWorkerError,
 )
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
@@ -49,7 +48,7 @@ from fleetenv.rollouts.jobs import (
     RolloutJob,
     RolloutSettings,
     cancelled_result,
-    failed_result,
+    worker_failed,
 )
 from fleetenv.rollouts.policy_spec import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
@@ -70,55 +69,42 @@ class Runner:
 
     **Sessions.** ``Runner(session=s)`` runs on your session (and leaves it open);
     ``Runner(config=...)`` or ``Runner()`` makes its own and closes it with the runner.
-    Either way the run tags its instances with its own ``run_tag``, so cancelling a run
-    sweeps only that run's instances.
+    Either way the run tags its instances with its own ``run_tag``.
 
-    **Modes.** ``mode`` says where episodes run; the API, the events and the results
-    are the same in every mode.
+    **Modes** (where episodes run; the API, events and results are the same in each):
 
-    * ``"threads"``: a thread per running episode (``workers`` threads, or
-      ``executor=``, any in-process ``concurrent.futures.Executor``). Jobs get the live
-      objects (the policy as given, the session, the runner's bus and token); the MCP
-      traffic runs on fleetenv's one loop thread, the workers only block, which suits
-      sync policies that wait on a model.
-    * ``"asyncio"``: every episode a coroutine on fleetenv's loop, with no thread of its
-      own: ``min(workers, max_live_instances)`` run at once, their blocking parts and a
-      sync policy on the runtime's bounded pool, an async policy on the loop. Event
-      sinks are then called on the loop thread: a sink must not block for long.
-    * ``"processes"``: worker processes (a spawn pool of ``workers``, or ``executor=``:
-      a process pool, or a distributed executor such as Dask's, whose remote machines
-      need real Fleet since the local one listens on 127.0.0.1). Jobs are pickled: the
-      policy must be a ``PolicySpec``, a spec string, a module-level function or a
-      picklable object (else a ``ConfigurationError`` at ``submit()``). Each worker runs
-      a session of its own for the run, from settings with the session's caps divided
-      by ``workers`` (pass the pool's process count) and, in local mode, the URL of this
-      process's embedded Fleet; its events come back with the result and are re-emitted
-      on the runner's bus.
-    * ``"auto"`` (the default): with ``executor=``, ``"threads"`` for a
-      ``ThreadPoolExecutor`` and ``"processes"`` for any other. Without, each rollout
-      picks by its policy: ``"asyncio"`` for an async policy and the built-in scripted
-      ones (``"reference"``, ``"scripted"``, ``ScriptedPolicy``), which cost the loop
-      nothing; ``"threads"`` for any other sync policy.
+    * ``"threads"``: a thread per running episode (``workers``, or ``executor=``, any
+      in-process executor); jobs get the live policy, session, bus and token.
+    * ``"asyncio"``: episodes as coroutines on fleetenv's loop, no thread each:
+      ``min(workers, max_live_instances)`` at once, their blocking parts and a sync
+      policy on the runtime's pool, an async policy on the loop. Event sinks are then
+      called on the loop thread: a sink must not block for long.
+    * ``"processes"``: a spawn pool of ``workers`` processes, or ``executor=`` (a process
+      pool, or a distributed one such as Dask's, whose machines need real Fleet). Jobs
+      are pickled (the policy: a ``PolicySpec``, a spec string, a module-level function
+      or a picklable object, else a ``ConfigurationError`` at ``submit()``); each worker
+      has a session of its own, with the caps divided by ``workers`` and, in local mode,
+      this process's embedded Fleet; its events are re-emitted on the runner's bus.
+    * ``"auto"`` (default): with ``executor=``, ``"threads"`` for a
+      ``ThreadPoolExecutor``, else ``"processes"``. Without, per policy: ``"asyncio"``
+      for an async policy and the built-in scripted ones, ``"threads"`` for any other.
 
     ``RayRunner`` is this runner with its episodes on Ray actors.
 
-    **Caps.** ``max_in_flight`` (default ``workers``) bounds the rollouts submitted and
-    not finished, so ``run()`` over 10 000 tasks holds that many futures; an episode
-    holds at most one instance. The session's ``max_creating_instances`` and
-    ``max_live_instances`` bound what reaches Fleet.
+    **Caps.** ``max_in_flight`` (default ``workers``) rollouts submitted and not
+    finished, so ``run()`` over 10 000 tasks holds that many futures; the session's
+    ``max_creating_instances`` and ``max_live_instances`` bound what reaches Fleet.
 
     **Failures and cancellation.** Every submitted rollout yields exactly one
     ``RolloutResult``: a broken episode, a dead worker or an unpicklable result is a
-    result with ``error`` set (``RolloutWorkerError`` for a worker), and the batch goes
-    on. ``cancel()`` closes every live env of the run at once, cancels queued rollouts
-    and deletes every instance tagged with the run's tags through the control plane,
-    which also reaches what worker processes created. ``run()`` cancels on Ctrl-C and
-    re-raises; leaving a ``with`` block by an exception cancels too.
+    result with ``error`` set, and the batch goes on. ``cancel()`` closes the run's live
+    envs, cancels queued rollouts and deletes every instance tagged with ``run_tags``
+    (worker processes' too). ``run()`` cancels on Ctrl-C and re-raises; leaving a
+    ``with`` block by an exception cancels too.
 
     **Traces.** ``traces="job name"`` (or a :class:`~fleetenv.fleet.traces.TraceOptions`)
-    uploads every finished episode's transcript to that Fleet trace job, off the
-    rollouts' path; ``close()`` drains the uploads within a bound. Upload failures never
-    fail the run: they are logged once and counted in ``trace_report()``.
+    uploads every finished episode to that Fleet trace job, off the rollouts' path;
+    failures are counted in ``trace_report()``, never fail the run.
     """
 
     def __init__(
@@ -315,33 +301,27 @@ class Runner:
         return True
 
     async def _take_slot_async(self) -> bool:
-        """`_take_slot` for a coroutine: it is woken by the next rollout that finishes
-        (which frees a slot), instead of waiting on the semaphore."""
+        """`_take_slot` for a coroutine, woken by the next rollout that finishes."""
         while True:
+            freed: Future[None] = Future()
+            with self._lock:  # before trying: a slot freed after the try wakes it
+                self._slot_waiters.append(freed)
             if self._take_slot(blocking=False):
-                if self._cancelled:
-                    self._slots.release()
-                    return False
-                return True
+                break
             if self._cancelled:
                 return False
-            freed: Future[None] = Future()
-            with self._lock:
-                self._slot_waiters.append(freed)
-            if self._take_slot(blocking=False):  # freed between the first try and now
-                freed.cancel()
-                if self._cancelled:
-                    self._slots.release()
-                    return False
-                return True
             with anyio.move_on_after(_POLL_S):
                 await runtime.await_future(freed)
             self._progress.tick()
+        if self._cancelled:
+            self._slots.release()
+            return False
+        return True
 
     def _free_slot(self) -> None:
-        with self._lock:
-            waiters, self._slot_waiters = self._slot_waiters, []
         self._slots.release()
+        with self._lock:  # after the release: a waiter that missed it is woken
+            waiters, self._slot_waiters = self._slot_waiters, []
         for waiter in waiters:
             if waiter.set_running_or_notify_cancel():
                 waiter.set_result(None)
@@ -365,10 +345,7 @@ class Runner:
         except Exception as exc:  # a broken or shut-down pool: this rollout fails, not us
             self._free_slot()
             self._worker_lost = True
-            outer.set_result(failed_result(job, exc if isinstance(exc, RolloutWorkerError)
-                                           else RolloutWorkerError(
-                f"the rollout could not start: {type(exc).__name__}: {exc}",
-                task=job.task.key, env=job.task.env_spec)))
+            outer.set_result(worker_failed(job, exc, "the rollout could not start"))
             self._progress.finished(failed=True, reward=None)
             return outer
         with self._lock:
@@ -383,9 +360,7 @@ class Runner:
         try:
             result = context.run(self._result_of, job, inner)
         except Exception as exc:  # never leave the caller's future unresolved
-            result = failed_result(job, RolloutWorkerError(
-                f"could not read the rollout's outcome: {type(exc).__name__}: {exc}",
-                task=job.task.key, env=job.task.env_spec))
+            result = worker_failed(job, exc, "could not read the rollout's outcome")
         finally:
             with self._lock:
                 self._running.pop(outer, None)
@@ -417,10 +392,7 @@ class Runner:
         if isinstance(exc, RolloutCancelled):
             return cancelled_result(job, exc.message)
         self._worker_lost = True
-        return failed_result(job, exc if isinstance(exc, RolloutWorkerError) else
-                             RolloutWorkerError(f"the rollout's worker failed: "
-                                                f"{type(exc).__name__}: {exc}",
-                                                task=job.task.key, env=job.task.env_spec))
+        return worker_failed(job, exc, "the rollout's worker failed")
 
     # ------------------------------------------------------------------ iterating
 
