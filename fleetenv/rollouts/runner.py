@@ -407,13 +407,7 @@ class Runner:
                 while not exhausted and not self._cancelled:
                     if not self._take_slot(blocking=not outstanding):
                         break
-                    job = self._next_job(jobs)
-                    if job is None:
-                        exhausted = True
-                        break
-                    started = self._start(job)
-                    outstanding.add(started)
-                    started.add_done_callback(finished.put)
+                    exhausted = not self._start_next(jobs, outstanding, finished.put)
                 if not outstanding:
                     return
                 try:
@@ -445,13 +439,7 @@ class Runner:
                             else self._take_slot(blocking=False))
                     if not took:
                         break
-                    job = self._next_job(jobs)
-                    if job is None:
-                        exhausted = True
-                        break
-                    started = self._start(job)
-                    outstanding.add(started)
-                    started.add_done_callback(finishing.add)
+                    exhausted = not self._start_next(jobs, outstanding, finishing.add)
                 if not outstanding:
                     return
                 finished = finishing.take()
@@ -470,8 +458,9 @@ class Runner:
         progress = self._progress
         progress.set_total(None if total is None else progress.done + progress.running + total)
 
-    def _next_job(self, jobs: Iterator[RolloutJob]) -> RolloutJob | None:
-        """The next job, a slot being held: given back when there is none."""
+    def _start_next(self, jobs: Iterator[RolloutJob], outstanding: set[Future[RolloutResult]],
+                    on_done: Callable[[Future[RolloutResult]], object]) -> bool:
+        """Start the next job of a run (a slot is held: given back if there is none)."""
         try:
             job = next(jobs, None)
         except BaseException:
@@ -479,7 +468,11 @@ class Runner:
             raise
         if job is None:
             self._slots.release()
-        return job
+            return False
+        started = self._start(job)
+        outstanding.add(started)
+        started.add_done_callback(on_done)
+        return True
 
     def _drop_queued(self, outstanding: Iterable[Future[RolloutResult]]) -> None:
         """A run left early (break, or an error in the loop body): its rollouts still
