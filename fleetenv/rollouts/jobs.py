@@ -91,8 +91,7 @@ class JobOutcome:
     events: tuple[Event, ...] = ()
 
     def __post_init__(self) -> None:
-        # It leaves the worker: its parent may not know the worker's credentials (the
-        # runner token it fetched, the key of a policy it built), so scrub them here.
+        # It leaves the worker, whose credentials (runner token, a policy's key) stay.
         object.__setattr__(self, "result", self.result.scrubbed())
 
 
@@ -125,8 +124,7 @@ def job_plan(job: RolloutJob, *, session: Session | None = None,
             session = Session.shared(job.settings.effective_config())
         except Exception as exc:
             return failed_result(job, exc)
-        # The run's tag is shared with the other workers: sweeping it from here could
-        # delete their live instances. The runner sweeps it after the last rollout.
+        # The run's tag is shared with sibling workers: only the runner may sweep it.
         session.provisioner.sweeps_shared_tags = False
     settings = job.settings
     result = yield from episode_plan(
@@ -141,8 +139,7 @@ def job_plan(job: RolloutJob, *, session: Session | None = None,
     return result
 
 
-#: How an episode whose env the cancellation closed under a tool call ends: the call
-#: fails (an error), or the env finds its instance deleted (``instance_expired``).
+#: How an episode ends when a cancel closes its env under a tool call.
 _CANCELLATION_SYMPTOMS = (StopReason.ERROR, StopReason.INSTANCE_EXPIRED)
 
 

@@ -153,8 +153,7 @@ class Runner:
         self._running: dict[Future[RolloutResult], Future[Any]] = {}
         self._cancelled = False
         self._closed = False
-        # A worker failed outside its episode (a dead process): instances it had created
-        # are orphans, so close() sweeps the run's tags.
+        # A worker died outside its episode: its instances are orphans, close() sweeps.
         self._worker_lost = False
         self._progress = Progress(enabled=progress)
         try:
@@ -163,12 +162,10 @@ class Runner:
             if self._owns_session:
                 self.session.close()
             raise
-        #: ``"auto"``, ``"threads"``, ``"asyncio"`` or ``"processes"`` (``"auto"`` stays
-        #: only without an executor, deciding per policy); ``"ray"`` for a `RayRunner`.
+        #: One of `MODES` (``"auto"`` only without an executor), ``"ray"`` for a RayRunner.
         self.mode: str = self._dispatch.mode
         if not self._dispatch.in_process:
-            # Until close() swept them, every exit path of this process sweeps the tags
-            # of instances that workers elsewhere created: nothing else would delete them.
+            # Workers elsewhere: until close(), every exit path sweeps their instances.
             self.session.instances.add_sweeper(self._sweep)
             track(self.session.instances)
         #: Uploads finished episodes to a Fleet trace job (``traces=``), else None.
@@ -332,12 +329,10 @@ class Runner:
         """Hand the job to the dispatch (a slot is held); the returned future resolves
         to a result whatever happens to the job."""
         outer: AwaitableFuture[RolloutResult] = AwaitableFuture()
-        # Running from the caller's point of view at once: cancelling one rollout's future
-        # cannot stop an episode in another thread or process, so it must not pretend to.
+        # Running at once: cancelling this future could not stop an episode elsewhere.
         outer.set_running_or_notify_cancel()
-        # The caller's context (its current trace span, say) goes along with the job, and
-        # a worker's events are replayed in it. The job's HTTP calls are this run's, for
-        # `close()` to give up on after a cancel.
+        # The caller's context (its trace span) for the job and its replayed events; the
+        # job's calls are this run's, for `close()` to abandon (`calls_owner`).
         context = contextvars.copy_context()
         context.run(calls_owner.set, self._token)
         try:
@@ -493,8 +488,7 @@ class Runner:
                 return
             self._cancelled = True
             running = list(self._running.values())
-        # Queued rollouts first: closing the live envs frees workers, which would
-        # otherwise pick up the queued ones before they are cancelled.
+        # Queued rollouts first, or the workers the closed envs free would start them.
         for future in running:
             future.cancel()
         self._token.cancel()
@@ -528,8 +522,7 @@ class Runner:
         try:
             _, not_done = concurrent.futures.wait(running, timeout=bound)
         except BaseException:
-            # Ctrl-C or SIGTERM while waiting (the end of a `with Runner()` block): stop
-            # the rollouts now, or interpreter exit would wait for them.
+            # Ctrl-C or SIGTERM while waiting: stop now, or interpreter exit waits for them.
             self.cancel()
             self._dispatch.close(wait=False)
             if self.traces is not None:
@@ -541,18 +534,13 @@ class Runner:
             self.cancel()
             _, not_done = concurrent.futures.wait(not_done, timeout=_CANCEL_GRACE_S)
         if not_done:
-            # Still unwinding after the grace: a call that does not answer holds them (a
-            # create, say). Give up this run's calls and stop the workers, or they (and
-            # interpreter exit, which joins them) wait for the calls' whole budgets.
+            # Held by calls that do not answer: give them up, or exit waits out their budgets.
             abandon_calls("the run was cancelled", grace_s=0, owner=self._token)
             self._dispatch.abandon()
             _, not_done = concurrent.futures.wait(not_done, timeout=_CANCEL_GRACE_S)
         self._dispatch.close(wait=not not_done)
         if self._cancelled or self._worker_lost or not self._dispatch.in_process:
-            # After a cancel: again, for creates that finished during the first sweep.
-            # After a lost worker: its instances have nobody left to delete them. Workers
-            # elsewhere cannot sweep the run's shared tags themselves; now that every
-            # rollout is done, what is left under them is a leftover.
+            # What nobody here deletes: creates late for a cancel, dead or remote workers'.
             self._sweep()
         elif not not_done:  # leftovers of uncertain creates, if any happened
             try:
