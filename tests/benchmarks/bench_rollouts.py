@@ -30,9 +30,11 @@ Ratio = fleetenv calls/s / raw calls/s (above 1: fleetenv is faster).
 
 Per variant, over the same window (``instruments.Probe``): client CPU per call (this
 process; fleetenv's loop thread and its other threads apart), event-loop iterations per
-call on the loop that does the I/O, cross-thread wake-ups of that loop per call (the
-self-pipe byte of ``call_soon_threadsafe``), generation-0 garbage collections per 1,000
-calls, net allocated blocks per call, HTTP requests and new TCP connections per call.
+call on the loop that does the I/O, wake-ups of that loop per call by another thread (the
+self-pipe byte of ``call_soon_threadsafe``) and by itself (asyncio's finalizer of an
+async generator dropped unfinished writes that byte too), generation-0 garbage
+collections per 1,000 calls, net allocated blocks per call, HTTP requests and new TCP
+connections per call, and the local Fleet server's CPU per call (its process).
 
 ``--hog N`` runs N busy-loop processes (one per core is "the machine is busy") during
 the measured rounds (not the warm-up) and reports the load they made. ``--episodes``
