@@ -23,10 +23,12 @@ CPU does not compete with the client's for this process's GIL.
 What is timed: the TOOL-CALL PHASE only. Provisioning, session setup, grading and
 deletion are excluded: (a) holds every episode at a barrier on its first turn (after
 reset: instance up, MCP session open, tools listed) and times from the barrier's release
-to the return of the last episode's M-th call; (b) and (c) open every session first and
-time the ``gather``. Throughput = N * M / that time. The order of the variants rotates
-from round to round so machine noise hits all alike; figures are medians over rounds.
-Ratio = fleetenv calls/s / raw calls/s (above 1: fleetenv is faster).
+to the return of the last episode's M-th call, and holds every episode at a second
+barrier after its M-th call, so no session is ended, graded or deleted inside the window;
+(b) and (c) open every session first and time the ``gather``. Throughput = N * M / that
+time. The order of the variants rotates from round to round so machine noise hits all
+alike; figures are medians over rounds. Ratio = fleetenv calls/s / raw calls/s in the
+same round (above 1: fleetenv is faster), the median over rounds.
 
 Per variant, over the same window (``instruments.Probe``): client CPU per call (this
 process; fleetenv's loop thread and its other threads apart), event-loop iterations per
@@ -42,7 +44,7 @@ takes a comma-separated list (e.g. ``64,256``). During (a) a sampler records the
 thread count and the threads named ``fleetenv-loop`` (must be exactly one).
 
     python tests/benchmarks/bench_rollouts.py [--episodes 64[,256]] [--calls 20]
-        [--rounds 3] [--mode threads|asyncio|both] [--hog N] [--profile]
+        [--rounds 3] [--mode threads|asyncio|both] [--hog N] [--profile [--profile-dir D]]
 
 ``--profile`` then runs one more (a) round per mode at the first size with the loop
 thread under cProfile (thread CPU time) and a stack sampler, the episode threads under
@@ -110,26 +112,26 @@ TASK = Task(key="bench-ticket-stats", env_key="helpdesk", data_key="helpdesk-see
 # ----------------------------------------------------------------------------- (a) fleetenv
 
 class _Timed:
-    """The timed window of a fleetenv round: from the barrier's release (every episode
-    ready: instance provisioned, MCP open) to the last episode's last call returning.
-    Provisioning, which the runner staggers on purpose, is not in the number."""
+    """The timed window of a fleetenv round: from the start barrier's release (every
+    episode ready: instance provisioned, MCP open) to the last episode's last call
+    returning. Provisioning, which the runner staggers on purpose, is not in the number;
+    nor is teardown: every episode waits at an end barrier after its last call, so no
+    episode ends its session, is graded or deleted inside the window (the raw programs
+    tear down after their ``gather`` too)."""
 
     def __init__(self, episodes: int, calls: int) -> None:
         self.episodes = episodes
         self.calls = calls
         self.started: Probe | None = None
         self.ended: Probe | None = None
-        self.finished = 0
         self.profilers: list[Any] = []  # per episode thread, with profile_threads
         self.profile_threads = False
 
     def _release(self) -> None:
         self.started = Probe.take()
 
-    def _finish(self) -> None:
-        self.finished += 1
-        if self.finished == self.episodes:
-            self.ended = Probe.take()
+    def _end(self) -> None:
+        self.ended = Probe.take()
 
     @property
     def delta(self) -> Probe:
@@ -143,21 +145,21 @@ class BarrierPolicy(_Timed):
 
     def __init__(self, episodes: int, calls: int) -> None:
         super().__init__(episodes, calls)
-        self.barrier = threading.Barrier(episodes, action=self._release,
-                                         timeout=BARRIER_TIMEOUT_S)
+        self.start = threading.Barrier(episodes, action=self._release,
+                                       timeout=BARRIER_TIMEOUT_S)
+        self.end = threading.Barrier(episodes, action=self._end, timeout=PHASE_TIMEOUT_S)
         self._lock = threading.Lock()
 
     def act(self, context: PolicyContext) -> Reply:
         if context.turn == 0:
-            self.barrier.wait()
+            self.start.wait()
             if self.profile_threads:
                 self._start_thread_profile()
         if context.turn < self.calls:
             return Reply.from_actions([ToolCall(TOOL, dict(ARGUMENTS))])
-        with self._lock:
-            self._finish()
         if self.profile_threads:
             _stop_thread_profile()
+        self.end.wait()
         return Reply.from_actions([Done()])
 
     def _start_thread_profile(self) -> None:
@@ -186,22 +188,24 @@ class AsyncBarrierPolicy(_Timed):
 
     def __init__(self, episodes: int, calls: int) -> None:
         super().__init__(episodes, calls)
-        self.arrived = 0
-        self._go: asyncio.Event | None = None
+        self.arrived = {"start": 0, "end": 0}
+        self.released: dict[str, asyncio.Event] = {}
+
+    async def _barrier(self, name: str, action: Callable[[], None], timeout: float) -> None:
+        released = self.released.setdefault(name, asyncio.Event())  # made on the loop
+        self.arrived[name] += 1
+        if self.arrived[name] == self.episodes:
+            action()
+            released.set()
+        else:
+            await asyncio.wait_for(released.wait(), timeout)
 
     async def act(self, context: PolicyContext) -> Reply:
         if context.turn == 0:
-            if self._go is None:
-                self._go = asyncio.Event()
-            self.arrived += 1
-            if self.arrived == self.episodes:
-                self._release()
-                self._go.set()
-            else:
-                await asyncio.wait_for(self._go.wait(), BARRIER_TIMEOUT_S)
+            await self._barrier("start", self._release, BARRIER_TIMEOUT_S)
         if context.turn < self.calls:
             return Reply.from_actions([ToolCall(TOOL, dict(ARGUMENTS))])
-        self._finish()
+        await self._barrier("end", self._end, PHASE_TIMEOUT_S)
         return Reply.from_actions([Done()])
 
 
@@ -390,11 +394,11 @@ def run_size(fleet: LocalFleet, episodes: int, calls: int, modes: list[str],
                     for name, _ in variants), flush=True)
     rows = {name: summary(rounds, episodes, calls, on_loop_thread=name.startswith("fleetenv"))
             for name, rounds in probes.items()}
-    for mode in modes:
-        row = rows[f"fleetenv/{mode}"]
+    for mode in modes:  # the median of each round's ratio: a slow drift hits a round's pair alike
+        fleet = probes[f"fleetenv/{mode}"]
         for raw in RAW:
-            row[f"ratio_vs_{raw.replace('-', '_')}"] = (
-                row["calls_per_s"] / rows[raw]["calls_per_s"])
+            rows[f"fleetenv/{mode}"][f"ratio_vs_{raw.replace('-', '_')}"] = statistics.median(
+                b.wall / a.wall for a, b in zip(fleet, probes[raw], strict=True))
     report = {"rows": {name: rounded(row) for name, row in rows.items()}, "load": hog.report,
               "peak_threads": threads.peak_threads,
               "loop_threads": len(threads.loop_threads),
@@ -517,8 +521,8 @@ def _package(filename: str) -> str:
     return "stdlib/other"
 
 
-def profile_report(profiles: list[Any], calls: int, title: str, top: int = 20
-                   ) -> dict[str, Any]:
+def profile_report(profiles: list[Any], calls: int, title: str, top: int = 20,
+                   save_as: Path | None = None) -> dict[str, Any]:
     """Print where the CPU went (cProfile with a thread-CPU timer): by package (own time)
     and the top functions by own and by cumulative time; returns ms per tool call by
     package and the Python function calls per tool call."""
@@ -527,6 +531,8 @@ def profile_report(profiles: list[Any], calls: int, title: str, top: int = 20
     stats = pstats.Stats(profiles[0])
     for more in profiles[1:]:
         stats.add(more)
+    if save_as is not None:
+        stats.dump_stats(save_as)
     by_package: dict[str, float] = {}
     rows = []
     for (filename, line, name), (_cc, _nc, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
@@ -552,8 +558,8 @@ def profile_report(profiles: list[Any], calls: int, title: str, top: int = 20
             "python_function_calls_per_call": round(function_calls, 1)}
 
 
-def profile_mode(config: FleetConfig, mode: str, episodes: int, calls: int
-                 ) -> dict[str, Any]:
+def profile_mode(config: FleetConfig, mode: str, episodes: int, calls: int,
+                 directory: Path | None) -> dict[str, Any]:
     """One more (a) round with the loop thread under cProfile (enabled from inside the
     loop thread: cProfile profiles the thread that enables it), its stack sampled, and in
     thread mode each episode thread under its own cProfile. Profiling slows the round;
@@ -584,14 +590,21 @@ def profile_mode(config: FleetConfig, mode: str, episodes: int, calls: int
           f"{delta.loop_cpu / total * 1e3:.2f} ms, other threads "
           f"{(delta.cpu - delta.loop_cpu) / total * 1e3:.2f} ms")
     print(sampler.report())
-    report = {"loop": profile_report([profiler], total, f"fleetenv/{mode} loop thread")}
+    report = {"loop": profile_report([profiler], total, f"fleetenv/{mode} loop thread",
+                                     save_as=_pstats(directory, f"fleetenv-{mode}-loop"))}
     if threads:
         report["episode_threads"] = profile_report(
-            threads, total, f"fleetenv/{mode} episode threads (all {len(threads)})")
+            threads, total, f"fleetenv/{mode} episode threads (all {len(threads)})",
+            save_as=_pstats(directory, f"fleetenv-{mode}-episode-threads"))
     return report
 
 
-def profile_raw(raw: RawSessions, name: str, episodes: int, calls: int) -> dict[str, Any]:
+def _pstats(directory: Path | None, name: str) -> Path | None:
+    return directory / f"{name}.pstats" if directory is not None else None
+
+
+def profile_raw(raw: RawSessions, name: str, episodes: int, calls: int,
+                directory: Path | None) -> dict[str, Any]:
     import cProfile
 
     profiler = cProfile.Profile(time.thread_time)
@@ -600,20 +613,24 @@ def profile_raw(raw: RawSessions, name: str, episodes: int, calls: int) -> dict[
         raw.round(calls)
     finally:
         profiler.disable()
-    return profile_report([profiler], episodes * calls, f"{name} (its only thread)")
+    return profile_report([profiler], episodes * calls, f"{name} (its only thread)",
+                          save_as=_pstats(directory, name))
 
 
-def run_profiles(fleet: LocalFleet, episodes: int, calls: int, modes: list[str]
-                 ) -> dict[str, Any]:
+def run_profiles(fleet: LocalFleet, episodes: int, calls: int, modes: list[str],
+                 directory: Path | None) -> dict[str, Any]:
     config = resolve_config(api_key=fleet.token, base_url=fleet.base_url,
                             max_live_instances=max(64, episodes), max_creating_instances=16)
-    report = {f"fleetenv/{mode}": profile_mode(config, mode, episodes, calls) for mode in modes}
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+    report = {f"fleetenv/{mode}": profile_mode(config, mode, episodes, calls, directory)
+              for mode in modes}
     with raw_instances(fleet, episodes) as urls:
         for name, expert in (("raw", False), ("raw-expert", True)):
             raw = RawSessions(urls, expert=expert).open()
             try:
                 raw.round(2)  # warm up
-                report[name] = profile_raw(raw, name, episodes, calls)
+                report[name] = profile_raw(raw, name, episodes, calls, directory)
             finally:
                 raw.close()
     return report
@@ -633,7 +650,11 @@ def main() -> None:
     parser.add_argument("--hog", type=int, default=0, metavar="N",
                         help="N busy-loop processes during the measured rounds "
                              "(one per core: a busy machine)")
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="then profile one round of each variant at the first size "
+                             "(--rounds 0: only that)")
+    parser.add_argument("--profile-dir", type=Path, metavar="DIR",
+                        help="with --profile: also save each profile there (.pstats)")
     options = parser.parse_args()
     sizes = [int(size) for size in options.episodes.split(",") if size.strip()]
     modes = list(MODES) if options.mode == "both" else [options.mode]
@@ -645,12 +666,13 @@ def main() -> None:
                               "modes": modes, "hog": options.hog, "sizes": {}}
     print(f"machine: {report['machine']}", flush=True)
     with LocalFleet(in_process=False, instance_limit=4 * max(sizes) + 16) as fleet:
-        for episodes in sizes:
+        for episodes in sizes if options.rounds > 0 else []:
             report["sizes"][str(episodes)] = run_size(fleet, episodes, calls, modes, options)
         if options.profile:
-            report["profile"] = run_profiles(fleet, sizes[0], calls, modes)
-    first = report["sizes"][str(sizes[0])]["rows"][f"fleetenv/{modes[0]}"]
-    report["ratio"] = first["ratio_vs_raw"]  # the first size and mode, against plain raw
+            report["profile"] = run_profiles(fleet, sizes[0], calls, modes, options.profile_dir)
+    if report["sizes"]:  # the first size and mode, against plain raw
+        report["ratio"] = report["sizes"][str(sizes[0])]["rows"][f"fleetenv/{modes[0]}"][
+            "ratio_vs_raw"]
     print(json.dumps(report))
 
 

@@ -22,12 +22,12 @@ the server's CPU does not compete with the client's for this process's GIL.
 Per size the variants run interleaved (the order rotates from batch to batch;
 ``--rounds`` batches each, medians reported), and for each the script prints: wall time
 and the ratios asyncio time / fleetenv time against both programs (> 1: fleetenv is
-faster), client CPU per tool call (this process's CPU over the whole phase divided by the
-tool calls; for fleetenv also the loop thread's share), the local Fleet's CPU per tool call
-(its child process, for the whole episodes), HTTP requests and TCP connections
-per episode (counted at the HTTP transports both sides use: httpcore2 for MCP, httpcore
-for fleet-python, urllib3 for fleetenv's manager API), peak threads, peak RSS growth per
-episode, and failed episodes.
+faster; the median of each round's ratio), client CPU per tool call (this process's CPU
+over the whole phase divided by the tool calls; for fleetenv also the loop thread's
+share), the local Fleet's CPU per tool call (its child process, over the whole
+episodes), HTTP requests and TCP connections per episode (counted at the HTTP transports
+every side uses: httpcore2 for MCP, httpcore for fleet-python, urllib3 for fleetenv's
+manager API), peak threads, peak RSS growth per episode, and failed episodes.
 
 ``--open-only N`` measures holding N episodes open instead (reset done, MCP session open,
 nothing called): fleetenv envs of one ``Session`` opened with ``reset_async`` on one
@@ -288,6 +288,13 @@ def run_sizes(options: argparse.Namespace, counter: WireCounter) -> dict[str, An
                     runs[name].append(measured(counter, size, options.calls,
                                                lambda run=run, size=size: run(size)))
             rows = {name: median_row(rounds) for name, rounds in runs.items()}
+            for name, row in rows.items():  # the median of each round's ratio
+                if name.startswith("fleetenv"):
+                    for raw, _ in RAW:
+                        row[f"ratio_vs_{raw.replace('-', '_')}"] = statistics.median(
+                            b["seconds"] / a["seconds"]
+                            for a, b in zip(runs[name], runs[raw], strict=True))
+                    row["ratio"] = row["ratio_vs_asyncio"]
             print_size(size, options.calls, options.rounds, rows)
             report["sizes"][str(size)] = {name: rounded(row) for name, row in rows.items()}
     return report
@@ -306,11 +313,6 @@ def print_size(size: int, calls: int, rounds: int, rows: dict[str, dict[str, Any
     print(f"\n{size} concurrent episodes x {calls} calls (whole episodes; median of "
           f"{rounds} round{'s' if rounds > 1 else ''}):", flush=True)
     for name, row in rows.items():
-        if name.startswith("fleetenv"):
-            for raw, _ in RAW:
-                row[f"ratio_vs_{raw.replace('-', '_')}"] = (
-                    rows[raw]["seconds"] / row["seconds"])
-            row["ratio"] = row["ratio_vs_asyncio"]
         ratio = (f"  ratio {row['ratio_vs_asyncio']:.2f}, vs expert "
                  f"{row['ratio_vs_asyncio_expert']:.2f}" if "ratio" in row else "")
         loop = (f" (loop thread {row['loop_cpu_ms_per_call']:.2f})"
