@@ -126,12 +126,20 @@ class _Timed:
         self.ended: Probe | None = None
         self.profilers: list[Any] = []  # per episode thread, with profile_threads
         self.profile_threads = False
+        #: Called as the window opens and closes (in the barrier's last thread: an
+        #: episode thread in thread mode, the loop thread in asyncio mode).
+        self.on_start: Callable[[], None] | None = None
+        self.on_end: Callable[[], None] | None = None
 
     def _release(self) -> None:
+        if self.on_start is not None:
+            self.on_start()
         self.started = Probe.take()
 
     def _end(self) -> None:
         self.ended = Probe.take()
+        if self.on_end is not None:
+            self.on_end()
 
     @property
     def delta(self) -> Probe:
@@ -244,12 +252,16 @@ def make_runner(config: FleetConfig, mode: str, episodes: int) -> Runner:
 
 
 def fleetenv_round(runner: Runner, mode: str, episodes: int, calls: int,
-                   *, thread_profilers: list[Any] | None = None) -> Probe:
+                   *, thread_profilers: list[Any] | None = None,
+                   on_start: Callable[[], None] | None = None,
+                   on_end: Callable[[], None] | None = None) -> Probe:
     """One round of (a): the counters' change over the tool-call phase. With
-    ``thread_profilers`` (thread mode), each episode thread's cProfile is added to it."""
+    ``thread_profilers`` (thread mode), each episode thread's cProfile (over the window)
+    is added to it; ``on_start`` / ``on_end`` run as the window opens and closes."""
     policy: _Timed = (BarrierPolicy(episodes, calls) if mode == "threads"
                       else AsyncBarrierPolicy(episodes, calls))
     policy.profile_threads = thread_profilers is not None
+    policy.on_start, policy.on_end = on_start, on_end
     results = list(runner.run([TASK], policy, samples_per_task=episodes))
     failed = [r for r in results if r.error or r.tool_calls != calls or r.tool_errors]
     if failed or len(results) != episodes:
@@ -457,12 +469,15 @@ class LoopSampler:
         self.interval_s = interval_s
         self.counts: collections.Counter[str] = collections.Counter()
         self.samples = 0
+        self.active = False  # sample only while set
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-profiler", daemon=True)
 
     def _run(self) -> None:
         loop_ids = [t.ident for t in threading.enumerate() if t.name == LOOP_THREAD_NAME]
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval_s):
+            if not self.active:
+                continue
             frames = sys._current_frames()
             for ident in loop_ids:
                 frame = frames.get(ident)
@@ -476,7 +491,6 @@ class LoopSampler:
                     if key not in seen:  # inclusive counts, once per sample
                         self.counts[key] += 1
                         seen.add(key)
-            self._stop.wait(self.interval_s)
 
     def __enter__(self) -> LoopSampler:
         self._thread.start()
@@ -562,8 +576,9 @@ def profile_mode(config: FleetConfig, mode: str, episodes: int, calls: int,
                  directory: Path | None) -> dict[str, Any]:
     """One more (a) round with the loop thread under cProfile (enabled from inside the
     loop thread: cProfile profiles the thread that enables it), its stack sampled, and in
-    thread mode each episode thread under its own cProfile. Profiling slows the round;
-    only shares matter."""
+    thread mode each episode thread under its own cProfile; all over the timed window
+    only (not the sessions' setup and teardown). Profiling slows the round; only shares
+    and counts matter."""
     import cProfile
 
     profiler = cProfile.Profile(time.thread_time)
@@ -574,16 +589,22 @@ def profile_mode(config: FleetConfig, mode: str, episodes: int, calls: int,
     async def disable() -> None:
         profiler.disable()
 
+    def switch(on: bool) -> None:
+        sampler.active = on
+        if mode == "threads":  # the barrier's action runs in an episode thread
+            run_on_fleetenv_loop(enable if on else disable)
+        elif on:  # ... in asyncio mode, on the loop thread itself
+            profiler.enable()
+        else:
+            profiler.disable()
+
     threads: list[Any] = []
     with make_runner(config, mode, episodes) as runner:
         fleetenv_round(runner, mode, min(episodes, 8), 2)  # warm up
         with LoopSampler() as sampler:
-            run_on_fleetenv_loop(enable)
-            try:
-                delta = fleetenv_round(runner, mode, episodes, calls,
-                                       thread_profilers=threads if mode == "threads" else None)
-            finally:
-                run_on_fleetenv_loop(disable)
+            delta = fleetenv_round(runner, mode, episodes, calls,
+                                   thread_profilers=threads if mode == "threads" else None,
+                                   on_start=lambda: switch(True), on_end=lambda: switch(False))
     total = episodes * calls
     print(f"\n=== fleetenv/{mode}, {episodes} x {calls}, profiled: process CPU "
           f"{delta.cpu / total * 1e3:.2f} ms per call, loop thread "
