@@ -71,6 +71,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for instruments, raw_expert
 
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
 from instruments import (
     LOOP_THREAD_NAME,
     CpuHog,
@@ -254,28 +257,51 @@ def make_runner(config: FleetConfig, mode: str, episodes: int) -> Runner:
 def fleetenv_round(runner: Runner, mode: str, episodes: int, calls: int,
                    *, thread_profilers: list[Any] | None = None,
                    on_start: Callable[[], None] | None = None,
-                   on_end: Callable[[], None] | None = None) -> Probe:
+                   on_end: Callable[[], None] | None = None,
+                   failures: list[str] | None = None) -> Probe:
     """One round of (a): the counters' change over the tool-call phase. With
     ``thread_profilers`` (thread mode), each episode thread's cProfile (over the window)
-    is added to it; ``on_start`` / ``on_end`` run as the window opens and closes."""
+    is added to it; ``on_start`` / ``on_end`` run as the window opens and closes. Failed
+    tool calls are added to ``failures`` (the round still counts: every episode made its
+    calls); without it, and for any episode that did not make them all, the run stops."""
     policy: _Timed = (BarrierPolicy(episodes, calls) if mode == "threads"
                       else AsyncBarrierPolicy(episodes, calls))
     policy.profile_threads = thread_profilers is not None
     policy.on_start, policy.on_end = on_start, on_end
     results = list(runner.run([TASK], policy, samples_per_task=episodes))
-    failed = [r for r in results if r.error or r.tool_calls != calls or r.tool_errors]
+    failed = [r for r in results if r.error or r.tool_calls != calls]
     if failed or len(results) != episodes:
         example = failed[0] if failed else None
         raise SystemExit(f"fleetenv/{mode} round failed: {len(failed)} bad of "
                          f"{len(results)}; e.g. error={example and example.error} "
                          f"tool_calls={example and example.tool_calls} "
                          f"tool_errors={example and example.tool_error_messages[:1]}")
+    erred = [r for r in results if r.tool_errors]
+    if erred:
+        message = (f"fleetenv/{mode}: {len(erred)} of {episodes} episodes had a failed tool "
+                   f"call, e.g. {erred[0].tool_error_messages[0]}")
+        if failures is None:
+            raise SystemExit(message)
+        failures.append(message)
+        print(message, flush=True)
     if thread_profilers is not None:
         thread_profilers.extend(policy.profilers)
     return policy.delta
 
 
 # ----------------------------------------------------------------------------- (b), (c) raw
+
+class RoundFailed(Exception):
+    """A raw program's round broke: one of its sessions died (``mcp`` ends a whole session
+    when one of its HTTP requests raises); the message names what killed it."""
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (anyio's task groups wrap what they raise)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
 
 class RawSessions:
     """N raw mcp sessions on a plain asyncio loop driven from the main thread; with
@@ -333,20 +359,38 @@ class RawSessions:
 
     async def _round(self, calls: int) -> Probe:
         started = Probe.take()
-        await asyncio.wait_for(
-            asyncio.gather(*(self._episode(s, calls) for s in self.sessions)),
-            PHASE_TIMEOUT_S)
+        episodes = [asyncio.ensure_future(self._episode(s, calls)) for s in self.sessions]
+        try:
+            await asyncio.wait_for(asyncio.gather(*episodes), PHASE_TIMEOUT_S)
+        except Exception as exc:
+            for episode in episodes:
+                episode.cancel()
+            await asyncio.gather(*episodes, return_exceptions=True)
+            await asyncio.sleep(0)  # let the owners of dead sessions finish
+            dead = [_leaf(owner.exception()) for owner in self._owners
+                    if owner.done() and not owner.cancelled() and owner.exception()]
+            raise RoundFailed(f"{_leaf(exc)!r}; {len(dead)} of {len(self.sessions)} sessions "
+                              f"died, e.g. of {dead[0]!r}" if dead else repr(exc)) from exc
         return Probe.take() - started
 
     def round(self, calls: int) -> Probe:
         return self.loop.run_until_complete(self._round(calls))
 
-    def close(self) -> None:
+    def reopen(self) -> None:
+        """Close every session (the dead ones included) and open them all again."""
+        self._close_sessions()
+        self._owners, self.sessions = [], []
+        self.open()
+
+    def _close_sessions(self) -> None:
         if self._stop is not None:
             self._stop.set()
         if self._owners:
             self.loop.run_until_complete(asyncio.wait_for(
                 asyncio.gather(*self._owners, return_exceptions=True), 120))
+
+    def close(self) -> None:
+        self._close_sessions()
         self.loop.close()
 
 
@@ -389,29 +433,44 @@ def run_size(fleet: LocalFleet, episodes: int, calls: int, modes: list[str],
         runners = {mode: stack.enter_context(make_runner(config, mode, episodes))
                    for mode in modes}
         threads = stack.enter_context(ThreadSampler())
+        failures: list[str] = []
         variants: list[tuple[str, Callable[[int, int], Probe]]] = [
-            (f"fleetenv/{mode}",
-             lambda n, m, mode=mode: fleetenv_round(runners[mode], mode, n, m))
+            (f"fleetenv/{mode}", lambda n, m, mode=mode: fleetenv_round(
+                runners[mode], mode, n, m, failures=failures))
             for mode in modes]
         variants += [(name, lambda _n, m, raw=raw: raw.round(m)) for name, raw in raws.items()]
         for _name, run in variants:  # warm up every path
             run(min(episodes, 8), 2)
+        def attempt(name: str, run: Callable[[int, int], Probe]) -> Probe:
+            """One round of a variant; a raw program's broken round is run once more on
+            fresh sessions, and the failure reported."""
+            try:
+                return run(episodes, calls)
+            except RoundFailed as exc:
+                failures.append(f"{name}: a round failed and was run again on fresh "
+                                f"sessions: {exc}")
+                print(f"{name}: the round failed ({exc}); its sessions are opened again and "
+                      "the round run once more", flush=True)
+                raws[name].reopen()
+                return run(episodes, calls)
+
         with CpuHog(options.hog) as hog:
             for index in range(options.rounds):
                 rotation = index % len(variants)
                 for name, run in variants[rotation:] + variants[:rotation]:
-                    probes[name].append(run(episodes, calls))
+                    probes[name].append(attempt(name, run))
                 print(f"{episodes} x {calls}, round {index + 1}: " + ", ".join(
                     f"{name} {calls_total / probes[name][-1].wall:.0f} calls/s"
                     for name, _ in variants), flush=True)
     rows = {name: summary(rounds, episodes, calls, on_loop_thread=name.startswith("fleetenv"))
             for name, rounds in probes.items()}
     for mode in modes:  # the median of each round's ratio: a slow drift hits a round's pair alike
-        fleet = probes[f"fleetenv/{mode}"]
+        fleet_rounds = probes[f"fleetenv/{mode}"]
         for raw in RAW:
             rows[f"fleetenv/{mode}"][f"ratio_vs_{raw.replace('-', '_')}"] = statistics.median(
-                b.wall / a.wall for a, b in zip(fleet, probes[raw], strict=True))
+                b.wall / a.wall for a, b in zip(fleet_rounds, probes[raw], strict=True))
     report = {"rows": {name: rounded(row) for name, row in rows.items()}, "load": hog.report,
+              "failures": failures,
               "peak_threads": threads.peak_threads,
               "loop_threads": len(threads.loop_threads),
               "max_loop_threads_at_once": threads.max_loop_threads}
@@ -457,6 +516,8 @@ def print_size(episodes: int, calls: int, options: argparse.Namespace,
     print(f"  peak threads during the rounds: {report['peak_threads']}; "
           f"'{LOOP_THREAD_NAME}' threads seen: {report['loop_threads']} "
           f"(at most {report['max_loop_threads_at_once']} at once)", flush=True)
+    for failure in report["failures"]:
+        print(f"  failure: {failure}", flush=True)
 
 
 # ----------------------------------------------------------------------------- profiling

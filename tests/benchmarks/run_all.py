@@ -84,9 +84,11 @@ def _rollouts(r: dict[str, Any]) -> str:
         busy = (f"; cores {load['machine_busy']:.0%} busy" if "machine_busy" in load else "")
         hog = (f", {load['processes']} hog(s) at {load.get('hog_core_share', 0):.0%} of a core"
                if load["processes"] else "")
+        failures = report.get("failures", [])
+        failed = f"; **{len(failures)} failure(s)**: {'; '.join(failures)}" if failures else ""
         parts.append(f"{size} x {r['calls']}: ratio vs raw (vs expert) {', '.join(modes)}; "
                      f"calls/s {rate}; client CPU ms per call {cpu}; "
-                     f"{report['loop_threads']} loop thread{busy}{hog}")
+                     f"{report['loop_threads']} loop thread{busy}{hog}{failed}")
     return "<br>".join(parts)
 
 
