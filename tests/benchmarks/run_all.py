@@ -1,8 +1,9 @@
 """Run every benchmark, one after another, and rewrite the figures in the docs.
 
-    python tests/benchmarks/run_all.py --quick      # about 5 to 10 minutes on 2 cores
+    python tests/benchmarks/run_all.py --quick      # about 6 minutes on 2 quiet cores
     python tests/benchmarks/run_all.py              # the full sizes (up to 1,024 episodes)
     python tests/benchmarks/run_all.py --quick --dry-run   # print the tables only
+    python tests/benchmarks/run_all.py --from-json run.json  # re-render a saved run
 
 Each ``bench_*.py`` script of this directory runs in its own interpreter (its output is
 shown as it comes), and the last line it prints, one JSON object, is its result. When
@@ -11,7 +12,8 @@ table, the scale table) and of ``README.md`` (its performance table) are rewritt
 between their ``<!-- name:start -->`` / ``<!-- name:end -->`` markers, with the date, the
 commit and the machine (cores, CPU model, Python, load average at the start of each
 benchmark). A failed benchmark rewrites nothing and the exit status is 1. ``--json PATH``
-also writes every benchmark's result there.
+also writes every benchmark's result there; ``--from-json PATH`` renders such a file again
+without running anything.
 
 The benchmarks run one at a time: they measure a shared machine, and each compares
 fleetenv with its baseline in the same run, so noise hits both alike. The rollouts
@@ -269,8 +271,10 @@ def readme_table(run_info: dict[str, Any]) -> str:
             lines.append(f"| `Runner`, {name} mode, vs {label} | " + " | ".join(cells) + " |")
     date, sha = run_info["date"], run_info["commit"]
     box = run_info["machine"]
-    lines += ["", f"(Measured {date} at commit `{sha}` on {box['cores']} cores by "
-              f"`python tests/benchmarks/run_all.py{' --quick' if run_info['quick'] else ''}`.)"]
+    load = run_info["benchmarks"]["bench_scale.py"]["loadavg_at_start"]
+    lines += ["", f"(Measured {date} at commit `{sha}` on {box['cores']} cores, load average "
+              f"{load[0]:.1f} at the start, by `python tests/benchmarks/run_all.py"
+              f"{' --quick' if run_info['quick'] else ''}`.)"]
     return "\n".join(lines)
 
 
@@ -307,15 +311,19 @@ def main() -> None:
                         help="print the tables, rewrite no file")
     parser.add_argument("--json", metavar="PATH",
                         help="also write every benchmark's result (JSON) to PATH")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="run nothing: render the tables of a run saved with --json")
     options = parser.parse_args()
-    started = time.perf_counter()
-    run_info: dict[str, Any] = {
-        "date": datetime.date.today().isoformat(), "commit": commit(), "machine": machine(),
-        "quick": options.quick, "benchmarks": {}}
-    for bench in BENCHMARKS:
-        run_info["benchmarks"][bench.key] = run(bench, options.quick)
-    run_info["minutes"] = (time.perf_counter() - started) / 60
-    if options.json:
+    if options.from_json:
+        run_info = json.loads(Path(options.from_json).read_text(encoding="utf-8"))
+    else:
+        started = time.perf_counter()
+        run_info = {"date": datetime.date.today().isoformat(), "commit": commit(),
+                    "machine": machine(), "quick": options.quick, "benchmarks": {}}
+        for bench in BENCHMARKS:
+            run_info["benchmarks"][bench.key] = run(bench, options.quick)
+        run_info["minutes"] = (time.perf_counter() - started) / 60
+    if options.json and not options.from_json:
         Path(options.json).write_text(json.dumps(run_info, indent=1) + "\n", encoding="utf-8")
     failed = [key for key, outcome in run_info["benchmarks"].items()
               if outcome["result"] is None]
