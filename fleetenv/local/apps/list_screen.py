@@ -124,26 +124,11 @@ class ListDetailScreen:
 
     def _render_list(self, conn: sqlite3.Connection, canvas: Canvas) -> list[Hotspot | None]:
         spots: list[Hotspot | None] = [
-            w.text_field(
-                canvas,
-                16,
-                50,
-                560,
-                self.search_text,
-                "field:search",
-                focused=self.focus == "search",
-                placeholder=self.SEARCH_PLACEHOLDER,
-            ),
+            w.text_field(canvas, 16, 50, 560, self.search_text, "field:search",
+                         focused=self.focus == "search", placeholder=self.SEARCH_PLACEHOLDER),
             w.button(canvas, 588, 50, 96, "Search", "button:search"),
-            w.button(
-                canvas,
-                692,
-                50,
-                92,
-                "Clear",
-                "button:clear",
-                enabled=bool(self.search_text or self.applied_search),
-            ),
+            w.button(canvas, 692, 50, 92, "Clear", "button:clear",
+                     enabled=bool(self.search_text or self.applied_search)),
         ]
         spots.extend(w.tabs(canvas, 16, 90, 144, self.STATUS_TABS, self.status_tab, "tab"))
         where = self._filters()
@@ -164,20 +149,10 @@ class ListDetailScreen:
         else:
             shown = f"No {self.LIST_TITLE.lower()} match"
         w.label(canvas, 16, 530, shown)
-        spots.append(
-            w.button(canvas, 560, 524, 108, "< Prev", "button:prev", enabled=self.offset > 0)
-        )
-        spots.append(
-            w.button(
-                canvas,
-                676,
-                524,
-                108,
-                "Next >",
-                "button:next",
-                enabled=self.offset + PAGE_ROWS < self._total,
-            )
-        )
+        spots.append(w.button(canvas, 560, 524, 108, "< Prev", "button:prev",
+                              enabled=self.offset > 0))
+        spots.append(w.button(canvas, 676, 524, 108, "Next >", "button:next",
+                              enabled=self.offset + PAGE_ROWS < self._total))
         return spots
 
     # -- input ---------------------------------------------------------------------------
@@ -232,7 +207,7 @@ class ListDetailScreen:
             if key == "Enter":
                 self.applied_search, self.offset = self.search_text, 0
             elif key == "Backspace":
-                self.search_text = w.edit_text(self.search_text, key)
+                self.search_text = self.search_text[:-1]
 
     def scroll(self, conn: sqlite3.Connection, direction: str, amount: int) -> None:
         """Scroll the list; a record page has nothing to scroll unless an app says so."""
