@@ -284,8 +284,8 @@ class _Browser:
 
 
 def _blank(caption: str) -> bytes:
-    from fleetenv.local.apps.computer import SCREEN_HEIGHT, SCREEN_WIDTH
     from fleetenv.local.apps.screen import GREY, Canvas, fit
+    from fleetenv.local.apps.widgets import SCREEN_HEIGHT, SCREEN_WIDTH
 
     canvas = Canvas(SCREEN_WIDTH, SCREEN_HEIGHT)
     canvas.text(8, 8, fit(caption, 60), color=GREY)

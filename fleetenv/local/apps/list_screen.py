@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fleetenv.local.apps import widgets as w
-from fleetenv.local.apps.computer import Hotspot
 from fleetenv.local.apps.screen import GREEN, PALE_GREEN, Canvas
 from fleetenv.local.apps.toolkit import AppError, Where, rows, scalar
+from fleetenv.local.apps.widgets import Hotspot
 
 PAGE_ROWS = 14
 """Table rows on one list page: what fits between the status tabs and Prev/Next."""
@@ -94,6 +94,7 @@ class ListDetailScreen:
     # -- rendering ---------------------------------------------------------------------
 
     def render(self, conn: sqlite3.Connection, canvas: Canvas) -> list[Hotspot]:
+        """Draw the current state; return the clickable regions, topmost first."""
         who = f"{self._signed_in_as(conn)} | {self.TODAY}"
         if self.screen == "record" and self.record_id is not None:
             title = f"{self.APP_TITLE} - {self.RECORD_NOUN} #{self.record_id}"
@@ -158,6 +159,7 @@ class ListDetailScreen:
     # -- input ---------------------------------------------------------------------------
 
     def click(self, conn: sqlite3.Connection, spot: Hotspot) -> None:
+        """React to a click on ``spot`` (may write to the database)."""
         self.message = ""
         target = spot.target
         if target.startswith("field:"):

@@ -9,8 +9,8 @@ a vision model can read it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from fleetenv.local.apps.computer import SCREEN_WIDTH, Hotspot
 from fleetenv.local.apps.screen import (
     BLACK,
     BLUE,
@@ -27,6 +27,8 @@ from fleetenv.local.apps.screen import (
     fit,
 )
 
+SCREEN_WIDTH = 800
+SCREEN_HEIGHT = 600
 SCALE = 2
 CHAR_W = CELL_W * SCALE
 CHAR_H = CELL_H * SCALE
@@ -34,6 +36,26 @@ HEADER_H = 40
 CONTROL_H = 30
 """Height of buttons and text fields."""
 _CONTROL_TEXT_DY = (CONTROL_H - CHAR_H) // 2 + 1
+
+
+@dataclass(frozen=True)
+class Hotspot:
+    """A clickable region of the current screen and what it means to the app."""
+
+    x: int
+    y: int
+    w: int
+    h: int
+    target: str
+    """What was clicked, e.g. ``"row"``, ``"button:resolve"``, ``"field:search"``."""
+    value: int | str | None = None
+
+    def contains(self, x: int, y: int) -> bool:
+        return self.x <= x < self.x + self.w and self.y <= y < self.y + self.h
+
+    @property
+    def center(self) -> tuple[int, int]:
+        return self.x + self.w // 2, self.y + self.h // 2
 
 
 def header(canvas: Canvas, title: str, right: str = "") -> None:

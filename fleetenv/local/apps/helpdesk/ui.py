@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetenv.local.apps import widgets as w
-from fleetenv.local.apps.computer import Hotspot
 from fleetenv.local.apps.helpdesk.data import NOW
 from fleetenv.local.apps.helpdesk.tools import change_ticket, post_comment, ticket_detail
 from fleetenv.local.apps.list_screen import ListDetailScreen
 from fleetenv.local.apps.screen import BLUE, GREEN, RED, Canvas, wrap
 from fleetenv.local.apps.toolkit import AppError, one
+from fleetenv.local.apps.widgets import Hotspot
 
 SIGNED_IN_AGENT_ID = 1
 PRIORITY_BUTTONS = ("low", "normal", "high", "urgent")

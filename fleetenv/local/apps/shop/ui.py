@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetenv.local.apps import widgets as w
-from fleetenv.local.apps.computer import Hotspot
 from fleetenv.local.apps.list_screen import ListDetailScreen
 from fleetenv.local.apps.screen import BLUE, NAVY, RED, Canvas
 from fleetenv.local.apps.shop.data import NOW
 from fleetenv.local.apps.shop.tools import order_detail, refund, set_order_status
 from fleetenv.local.apps.toolkit import money
+from fleetenv.local.apps.widgets import Hotspot
 
 _ITEM_COLUMNS = (("SKU", 8, 7), ("Product", 104, 26), ("Qty", 440, 3), ("Price", 500, 11))
 
