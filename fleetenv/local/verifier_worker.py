@@ -200,21 +200,29 @@ class _Identity:
                         )
 
 
-def _tasks_of(uid: int) -> int | None:
-    """Processes and threads of ``uid`` (what RLIMIT_NPROC counts), from /proc."""
-    count = 0
+def _proc_files(leaf: str) -> dict[int, str] | None:
+    """``{pid: text of /proc/<pid>/<leaf>}`` of every process; None without /proc (macOS)."""
     try:
         names = os.listdir("/proc")
     except OSError:
-        return None  # no /proc (macOS): the count, and so the limit, is unknown
+        return None
+    texts = {}
     for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status", encoding="ascii", errors="replace") as status:
-                fields = dict(line.split(":", 1) for line in status if ":" in line)
-        except OSError:
-            continue
+        if name.isdigit():
+            with contextlib.suppress(OSError), open(
+                    f"/proc/{name}/{leaf}", encoding="ascii", errors="replace") as file:
+                texts[int(name)] = file.read()
+    return texts
+
+
+def _tasks_of(uid: int) -> int | None:
+    """Processes and threads of ``uid`` (what RLIMIT_NPROC counts), from /proc."""
+    statuses = _proc_files("status")
+    if statuses is None:
+        return None  # the count, and so the limit, is unknown
+    count = 0
+    for text in statuses.values():
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
         if int(fields.get("Uid", "-1 ").split()[0]) == uid:
             count += int(fields.get("Threads", "1").strip() or 1)
     return count
@@ -318,22 +326,12 @@ def _job_child(job: dict[str, Any], identity: _Identity, workdir: str, write_fd:
         os._exit(code)
 
 
-def _children_of(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and int(fields[1]) == pid:
-            found.append(int(name))
+def _children_of(parent: int) -> list[int]:
+    found = []
+    for pid, stat in (_proc_files("stat") or {}).items():
+        fields = stat.rpartition(")")[2].split()  # after "(comm)": state, ppid, ...
+        if ")" in stat and len(fields) > 1 and int(fields[1]) == parent:
+            found.append(pid)
     return found
 
 
