@@ -24,11 +24,12 @@ from mcp.server import MCPServer
 
 from fleetenv import bundled_tasks_path
 from fleetenv.local.apps import APPS, AppSpec, DbFactory
-from fleetenv.local.apps.computer import SCREEN_HEIGHT, SCREEN_WIDTH, ComputerSession
+from fleetenv.local.apps.computer import ComputerSession
 from fleetenv.local.apps.helpdesk.ui import HelpdeskScreen
 from fleetenv.local.apps.screen import Canvas, png_size
 from fleetenv.local.apps.shop.ui import ShopScreen
 from fleetenv.local.apps.toolkit import AppError
+from fleetenv.local.apps.widgets import SCREEN_HEIGHT, SCREEN_WIDTH
 
 TASKS: list[dict[str, Any]] = json.loads(bundled_tasks_path().read_text())
 TASK_IDS = [t["key"] for t in TASKS]

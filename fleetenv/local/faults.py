@@ -52,6 +52,8 @@ CREATE_REPLY_PAYLOADS = ("delay", "malformed")
 #: How the instance's MCP servers answer a session id they forgot after an ``mcp_restart``
 #: (each as a real server does; see ``fleetenv.local.mcp_host.RESTART_ANSWERS``).
 MCP_RESTART_PAYLOADS = ("python", "typescript", "everything", "gateway")
+_PAYLOADS = {"tool_output": OUTPUT_PAYLOADS, "create_reply": CREATE_REPLY_PAYLOADS,
+             "mcp_restart": MCP_RESTART_PAYLOADS}
 _SELECTORS = ("instance", "tool", "route", "method", "key")
 
 
@@ -140,24 +142,18 @@ class FaultRegistry:
         status = spec.get("status")
         if status is not None and (not isinstance(status, int) or not 400 <= status <= 599):
             raise FaultError(f"status must be an HTTP error code (400-599), not {status!r}")
+        if kind == "mcp_restart":
+            spec.setdefault("payload", "python")
+        if kind in _PAYLOADS and spec.get("payload") not in _PAYLOADS[kind]:
+            raise FaultError(f"{kind} needs payload in {_PAYLOADS[kind]}, "
+                             f"got {spec.get('payload')!r}")
         if kind == "tool_output":
-            if spec.get("payload") not in OUTPUT_PAYLOADS:
-                raise FaultError(f"tool_output needs payload in {OUTPUT_PAYLOADS}, "
-                                 f"got {spec.get('payload')!r}")
             size = spec.setdefault("size", 1_000_000)
             if not isinstance(size, int) or not 0 < size <= 200_000_000:
                 raise FaultError(f"size must be 1..200_000_000 bytes, not {size!r}")
-        if kind == "create_reply":
-            if spec.get("payload") not in CREATE_REPLY_PAYLOADS:
-                raise FaultError(f"create_reply needs payload in {CREATE_REPLY_PAYLOADS}, "
-                                 f"got {spec.get('payload')!r}")
-            if spec["payload"] == "delay" and (
-                    not isinstance(seconds, (int, float)) or seconds < 0):
-                raise FaultError(f"create_reply delay needs seconds >= 0, got {seconds!r}")
-        if kind == "mcp_restart" and spec.setdefault("payload", "python") not in \
-                MCP_RESTART_PAYLOADS:
-            raise FaultError(f"mcp_restart needs payload in {MCP_RESTART_PAYLOADS}, "
-                             f"got {spec.get('payload')!r}")
+        if kind == "create_reply" and spec["payload"] == "delay" and (
+                not isinstance(seconds, (int, float)) or seconds < 0):
+            raise FaultError(f"create_reply delay needs seconds >= 0, got {seconds!r}")
         if kind == "mcp_starting" and (not isinstance(seconds, (int, float)) or seconds < 0):
             raise FaultError(f"mcp_starting needs seconds >= 0, got {seconds!r}")
         if "retryable" in spec and not isinstance(spec["retryable"], bool):

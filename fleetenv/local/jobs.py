@@ -1,36 +1,17 @@
-"""Fleet's task import and harness jobs, on the local Fleet.
+"""Fleet's task import (``/v1/tasks``) and harness jobs (``/v1/jobs``,
+``/v1/sessions/job/{id}``), on the local Fleet (docs/evaluate.md, "On the local Fleet").
 
-Routes (wire format of fleet-python 0.2.133's ``import_single_task``, ``create_job``,
-``get_job``, ``list_jobs`` and ``list_job_sessions``):
+The wire format is fleet-python 0.2.133's (``import_single_task``, ``create_job``,
+``get_job``, ``list_jobs``, ``list_job_sessions``). There is no model here: the harness
+runs two stand-in models, ``reference`` (replays the task's reference solution) and
+``noop`` (finishes at once). Each session is one real episode over HTTP and MCP against
+this server, run in a worker thread by the :class:`~fleetenv.local.config.Harness` this
+Fleet was given (``LocalFleet(harness=...)``), so the local Fleet never imports the stack
+that runs episodes; without one, creating a job is a 501 that says so.
 
-* ``POST /v1/tasks?project_key=`` a task in ``fleet.tasks.Task.model_dump()`` form; the
-  task is validated (a missing field or an environment this Fleet does not serve is a 4xx
-  naming it) and kept, by key, for jobs to run (importing a key again replaces it);
-  ``GET /v1/tasks`` (``load_tasks``) and ``GET /v1/tasks/{key}`` read them back;
-* ``POST /v1/jobs`` a ``JobCreateRequest``: ``models`` x ``pass_k`` sessions per task of
-  ``task_keys`` (or of ``env_key`` / ``project_key``), answered at once with
-  ``{"job_id", "status": "pending"}`` while the job runs in the background;
-* ``GET /v1/jobs``, ``GET /v1/jobs/{id}``: ``JobResponse`` (plus ``error`` when the job
-  errored, and session counts);
-* ``GET /v1/sessions/job/{id}``: ``JobSessionsResponse``, sessions grouped by task, each
-  with its ``verifier_execution``.
-
-Fleet's harness runs a model on each session. There is no model here, so the local
-harness offers two *models* that need none: ``reference`` replays the task's
-``metadata.reference_solution`` and ``noop`` finishes at once without acting (a policy
-that scores 0 on any task that asks for a change). A session is one real episode, run in
-a worker thread of this server against this server over HTTP and MCP, exactly as any
-client would run it, by the :class:`~fleetenv.local.config.Harness` this Fleet was given
-(``LocalFleet(harness=...)``: fleetenv's is ``fleetenv.rollouts.harness.ScriptedHarness``);
-the local Fleet never imports the stack that runs episodes. Without one, creating a job
-is refused with a 501 that says so.
-
-Bounds: at most ``max_concurrent_per_model`` sessions of a job at once (capped at
-:data:`MAX_CONCURRENT_SESSIONS`), ``max_duration_minutes`` per job (then its unfinished
-sessions are cancelled and the job ends ``errored``), and when the server stops every
-running job is cancelled: its episodes are closed, which ends any tool call in flight.
-A job whose every session failed (no instance could be created, say) ends ``errored``
-with the first failure as its ``error``; otherwise ``completed``.
+Bounds: ``max_concurrent_per_model`` sessions of a job at once (at most
+:data:`MAX_CONCURRENT_SESSIONS`), ``max_duration_minutes`` per job (then it ends
+``errored``), and a server stop cancels every running job, closing its episodes.
 """
 
 from __future__ import annotations
@@ -67,7 +48,6 @@ class LocalSession:
     session_id: str
     task_key: str
     model: str
-    sample: int
     created_at: float
     status: str = "pending"
     started_at: float | None = None
@@ -237,10 +217,10 @@ class JobRoutes:
                        concurrency=concurrency)
         for task in tasks:
             for model in models:
-                for sample in range(pass_k):
+                for _ in range(pass_k):
                     job.sessions.append(LocalSession(
                         session_id=f"sess-{secrets.token_hex(6)}", task_key=task["key"],
-                        model=model, sample=sample, created_at=job.created_at))
+                        model=model, created_at=job.created_at))
         self.jobs[job.job_id] = job
         self.state.task_group.start_soon(self._run_job, job, self.state.harness())
         return JSONResponse({"job_id": job.job_id, "workflow_job_id": None,
@@ -313,17 +293,15 @@ class JobRoutes:
         job.status = "running"
         limiter = anyio.CapacityLimiter(job.concurrency)
         tasks = {task["key"]: task for task in job.tasks}
-        finished = False
         try:
             with anyio.move_on_after(job.max_seconds) as scope:
                 async with anyio.create_task_group() as group:
                     for session in job.sessions:
                         group.start_soon(self._run_session, job, session,
                                          tasks[session.task_key], harness, limiter)
-            finished = True
-        finally:
-            if not finished:  # cancelled (the server stops): close the episodes
-                harness.cancel()
+        except BaseException:  # cancelled (the server stops): close the episodes
+            harness.cancel()
+            raise
         if scope.cancelled_caught:
             harness.cancel()
             for session in job.sessions:
@@ -373,9 +351,7 @@ def _in_fleet_names(body: dict[str, Any], canonical: dict[str, Any]) -> dict[str
 
 
 def _positive_int(body: dict[str, Any], name: str, default: int) -> int:
-    value = body.get(name, default)
-    if value is None:
-        value = default
+    value = default if body.get(name) is None else body[name]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ControlPlaneError(422, f"field '{name}' must be an integer >= 1, got {value!r}")
     return value

@@ -1,25 +1,10 @@
-"""Browser leases in the local Fleet: a browser session on an instance's web UI.
+"""Browser leases (``/v1/browser``): a browser session on an instance's web UI.
 
-On Fleet, a ``browser_use`` episode runs a standard instance plus a *browser lease*: a
-remote browser, allowed to reach the instance's host, whose own MCP endpoint serves the
-``computer`` tool. Here a lease is a browser session on the local apps' web UIs, drawn by
-the same screens the instances' ``computer`` tool renders
-(:mod:`fleetenv.local.apps.computer`); each lease has its own page state (view, focus,
-typed text) over the instance's live database, like a real browser tab.
-
-Routes (bearer token, like the rest of the control plane)::
-
-    POST   /v1/browser                 {"ttl_seconds", "allowed_hosts", "run_id"?} -> lease
-    GET    /v1/browser                 ?run_id=&status=  -> [lease]
-    GET    /v1/browser/{lease_id}      -> lease
-    DELETE /v1/browser/{lease_id}      -> lease (stopped; idempotent)
-    *      /v1/browser/{lease_id}/mcp  the lease's MCP endpoint (``computer`` tool)
-
-The ``computer`` tool adds ``navigate`` (``url``) to the instance tool's actions. A page
-takes ``load_seconds`` to load after a navigation (a blank screenshot meanwhile), so
-clients must poll for a valid screenshot, as on Fleet; a URL whose host is not in the
-lease's ``allowed_hosts`` is refused. A lease stops when deleted, when its TTL passes
-(checked on every lookup), or when the local Fleet shuts down.
+A lease's ``computer`` tool draws the same screens as the instances' own
+(:mod:`fleetenv.local.apps.computer`), with its own page state (view, focus, typed text)
+over the instance's live database, like a browser tab; it adds ``navigate``. What is
+imitated: docs/browser-use.md ("In the local Fleet"). A lease's TTL is checked on every
+lookup.
 """
 
 from __future__ import annotations
@@ -28,7 +13,6 @@ import logging
 import secrets
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -121,20 +105,13 @@ class LeaseStore:
     """The leases of one local Fleet. Only the server's event loop touches it."""
 
     def __init__(self, state: LocalFleetState) -> None:
-        self._state = weakref.ref(state)
+        self.state = state
         self.leases: dict[str, LocalLease] = {}
         state.store.on_stop_all.append(self.stop_all)
 
     async def stop_all(self) -> None:
         for lease in list(self.leases.values()):
             await self.stop(lease, "local Fleet shut down")
-
-    @property
-    def state(self) -> LocalFleetState:
-        state = self._state()
-        if state is None:  # pragma: no cover - the store lives no longer than its state
-            raise RuntimeError("the local Fleet is gone")
-        return state
 
     async def create(self, body: dict[str, Any]) -> LocalLease:
         hosts = body.get("allowed_hosts")
@@ -307,8 +284,8 @@ class _Browser:
 
 
 def _blank(caption: str) -> bytes:
-    from fleetenv.local.apps.computer import SCREEN_HEIGHT, SCREEN_WIDTH
     from fleetenv.local.apps.screen import GREY, Canvas, fit
+    from fleetenv.local.apps.widgets import SCREEN_HEIGHT, SCREEN_WIDTH
 
     canvas = Canvas(SCREEN_WIDTH, SCREEN_HEIGHT)
     canvas.text(8, 8, fit(caption, 60), color=GREY)
@@ -317,54 +294,36 @@ def _blank(caption: str) -> bytes:
 
 # ----- routes ----------------------------------------------------------------------------
 
-_STORES: weakref.WeakKeyDictionary[LocalFleetState, LeaseStore] = weakref.WeakKeyDictionary()
-
-
-def store_of(state: LocalFleetState) -> LeaseStore:
-    """The lease store of ``state`` (one per local Fleet)."""
-    store = _STORES.get(state)
-    if store is None:
-        store = _STORES[state] = LeaseStore(state)
-    return store
-
 
 def routes(state: LocalFleetState) -> list[Route]:
-    """The lease routes, for the control plane's router."""
-    store = store_of(state)
+    """The lease routes over a new store of ``state``, for the control plane's router."""
+    store = LeaseStore(state)
 
     async def create(request: Request) -> Response:
-        async def run(request: Request) -> Response:
-            lease = await store.create(await json_body(request))
-            return JSONResponse(lease.response(state.base_url))
-        return await guarded(run)(request)
+        lease = await store.create(await json_body(request))
+        return JSONResponse(lease.response(state.base_url))
 
     async def list_leases(request: Request) -> Response:
-        async def run(request: Request) -> Response:
-            q = request.query_params
-            return JSONResponse([
-                lease.response(state.base_url) for lease in await store.all()
-                if (not q.get("run_id") or lease.run_id == q["run_id"])
-                and (not q.get("status") or lease.status == q["status"])])
-        return await guarded(run)(request)
+        q = request.query_params
+        return JSONResponse([
+            lease.response(state.base_url) for lease in await store.all()
+            if (not q.get("run_id") or lease.run_id == q["run_id"])
+            and (not q.get("status") or lease.status == q["status"])])
 
     async def get(request: Request) -> Response:
-        async def run(request: Request) -> Response:
-            lease = await store.get(request.path_params["lease_id"])
-            return JSONResponse(lease.response(state.base_url))
-        return await guarded(run)(request)
+        lease = await store.get(request.path_params["lease_id"])
+        return JSONResponse(lease.response(state.base_url))
 
     async def delete(request: Request) -> Response:
-        async def run(request: Request) -> Response:
-            lease = await store.get(request.path_params["lease_id"])
-            await store.stop(lease, "deleted")
-            return JSONResponse(lease.response(state.base_url))
-        return await guarded(run)(request)
+        lease = await store.get(request.path_params["lease_id"])
+        await store.stop(lease, "deleted")
+        return JSONResponse(lease.response(state.base_url))
 
     return [
-        Route("/v1/browser", create, methods=["POST"]),
-        Route("/v1/browser", list_leases, methods=["GET"]),
-        Route("/v1/browser/{lease_id}", get, methods=["GET"]),
-        Route("/v1/browser/{lease_id}", delete, methods=["DELETE"]),
+        Route("/v1/browser", guarded(create), methods=["POST"]),
+        Route("/v1/browser", guarded(list_leases), methods=["GET"]),
+        Route("/v1/browser/{lease_id}", guarded(get), methods=["GET"]),
+        Route("/v1/browser/{lease_id}", guarded(delete), methods=["DELETE"]),
         Route("/v1/browser/{lease_id}/mcp", _LeaseMCP(store)),
         Route("/v1/browser/{lease_id}/mcp/", _LeaseMCP(store)),
     ]

@@ -1,32 +1,18 @@
-"""The local Fleet's trace routes, its trace store, and a small browsable trace page.
+"""The local Fleet's trace routes, its in-memory trace store, and a browsable trace page.
 
-Fleet keeps agent transcripts ("sessions") grouped in trace jobs. The write routes follow
-fleet-python 0.2.133 (``fleet.models.TraceJobRequest/Response``,
-``SessionIngestRequest/Response``):
+The write routes follow fleet-python 0.2.133 (``TraceJobRequest``, ``SessionIngestRequest``,
+``Session.log``); the read routes and the page are the local Fleet's own (docs/traces.md,
+"The local Fleet"). Rules kept here:
 
-* ``POST /v1/traces/jobs``      ``{"name": str|null}`` -> ``{"job_id", "name", "status"}``
-* ``POST /v1/sessions/ingest``  create a session (no ``session_id``) or append to one
-* ``POST /v1/traces/logs``      fleet-python's ``Session.log/complete/fail`` raw payload
-
-Read routes are the local Fleet's own (Fleet's UI reads its store directly), under the
-same bearer token: ``GET /v1/traces/jobs``, ``GET /v1/traces/jobs/{job_id}`` (with its
-sessions, without messages) and ``GET /v1/traces/sessions/{session_id}`` (everything).
-
-A request that repeats an ``X-Request-ID`` already answered gets the first answer again
-and stores nothing: a client retrying an upload whose answer it lost (a timeout, a
-dropped connection) must not create a second copy of the transcript.
-
-The HTML page (``/traces``, outside ``/v1``) is for a browser, which cannot send a bearer
-header; it takes a *view key* in the query instead: an HMAC of the server token, so it
-opens the pages and nothing else, and the token itself never appears in a URL.
-:func:`page_url` builds the link ``fleetenv serve`` prints. The pages escape everything
-they show and forbid scripts (``Content-Security-Policy``); images are shown only as
-``data:image/...`` URLs, so viewing a trace fetches nothing from anywhere. Like Fleet's
-session viewer, the page shows no images in ``user`` messages: it says they are there, and how many.
-
-The store lives in memory for the life of the server, bounded by ``max_sessions`` and
-``max_bytes`` (the request bodies it kept; the oldest sessions are forgotten first) and
-by the size of one request body.
+* a repeated ``X-Request-ID`` gets its first answer again and stores nothing, so a client
+  that lost an answer and retries does not store a transcript twice;
+* the page (``/traces``) takes a *view key*, an HMAC of the server token, because a
+  browser cannot send a bearer header: it opens the pages and nothing else, and the token
+  never appears in a URL. The pages escape everything, forbid scripts (CSP) and show only
+  ``data:image/...`` images, so viewing a trace fetches nothing; like Fleet's viewer they
+  show no images in ``user`` messages (a line says how many);
+* the store is bounded by ``max_sessions`` and ``max_bytes`` (oldest sessions go first),
+  and one request body by ``MAX_BODY_BYTES``.
 """
 
 from __future__ import annotations
@@ -272,8 +258,6 @@ async def _bounded_body(request: Request) -> dict[str, Any]:
         raise ControlPlaneError(413, f"trace body of {int(declared)} bytes is over the local "
                                 f"Fleet's {MAX_BODY_BYTES} byte limit; cap inline images")
     return await json_body(request)
-
-
 
 
 # ----- the browsable page ----------------------------------------------------------------

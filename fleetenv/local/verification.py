@@ -4,12 +4,8 @@ fleet-python ships a verifier as a zip bundle (``verifier.py``) named by its SHA
 uploads it only when ``check`` says the server lacks it, and sends the arguments
 cloudpickled (with a ``None`` placeholder for ``env`` first and ``{"env": id}`` last).
 The instance is named only by that trailing marker: an instance id, or in URL mode the
-manager URL itself. The code runs in a worker process (``worker_pool``), never here.
-
-Faults for the grading paths of clients: ``verifier_unavailable`` answers ``status``
-(503) before anything runs, like an overloaded runner; ``verifier_delay`` holds the run
-``seconds``; ``verifier_judge_error`` runs the verifier and puts a ``JUDGE ERROR:`` line
-first in its stdout, like an LLM judge brownout inside a verifier that otherwise ran.
+manager URL itself. The code runs in a worker process (``worker_pool``), never here. The
+``verifier_*`` faults act here (docs/local-fleet.md, "Fault injection").
 
 ``execution_time_ms`` is the run's own time; the time the run waited for a free worker
 is answered apart, in the ``X-Verifier-Queue-Ms`` header (a local Fleet extra: the

@@ -1,41 +1,22 @@
 """One verifier worker process: ``python -m fleetenv.local.verifier_worker``.
 
-Verifier code is arbitrary Python sent over HTTP; it may loop forever, call
-``os._exit``, crash the interpreter, eat memory, fill the disk, fork, or go looking for
-secrets. So it never runs inside the server. The worker imports fleet-python once at
-start-up and then, for each job (one JSON line in on stdin, one JSON line out), forks a
-*job process* that runs the verifier and nothing else:
-
-* its own process group, killed as a whole when the job ends, whichever way it ends
-  (reply, crash, or the job's time limit, which the worker enforces); on Linux the
-  worker is also a child subreaper, so descendants that left that group (``setsid``)
-  are inherited by the worker and killed too;
-* resource limits (``Limits``): CPU seconds, address space, file size, no core files,
-  open files, and processes of its user;
-* when the worker runs as root, the user ``nobody`` (no supplementary groups), so
-  ``RLIMIT_NPROC`` holds and root-only files stay closed; the interpreter's own
-  directories are reached through descriptors opened before the drop (see
-  ``_Identity``) in case they sit in a private directory (a pyenv under root's home);
-* a fresh temporary directory as working directory, ``HOME`` and ``TMPDIR``, removed
-  after the job; stdin is ``/dev/null``.
-
-The worker's environment is already scrubbed by the pool (``worker_pool``): verifier
-code sees no API keys or tokens of the server. Verifier code needs no file of the
-server: it reaches the instance's database only over HTTP through the manager API (with
-the local Fleet's token), exactly as on Fleet. The SQLite files sit in the server's
-private (0700) directory, which the dropped user cannot even enter; a non-root server's
-verifier runs as the same user and could.
+Verifier code is arbitrary Python sent over HTTP, so it never runs in the server. The
+worker imports fleet-python once, then for each job (one JSON line in on stdin, one out)
+forks a *job process* that runs the verifier and nothing else, in its own process group,
+under resource limits (``Limits``), as ``nobody`` when the worker is root (``_Identity``),
+in a temporary directory that is also its ``HOME``; the worker enforces the time limit and,
+as a Linux child subreaper, also kills descendants that left the group. What this
+isolates and what it does not: docs/local-fleet.md ("What isolates verifier code").
 
 The protocol channel is a private duplicate of the original stdout, closed in job
 processes; file descriptor 1 is pointed at stderr so that stray writes (C extensions,
 ``os.write(1, ...)``) cannot corrupt it. ``print`` inside a verifier is captured and
 returned as ``stdout``.
 
-The namespace is the one Fleet's runner gives verifier code: the score constants, the
-text helpers and ``DatabaseSnapshot``/``IgnoreConfig`` from fleet-python, ``json``,
-``re``, ``string``. The ``env`` argument is a fleet-python sync env in URL mode on the
-instance's manager API, so ``env.instance.load()``, ``env.db("seed"|"current")``,
-queries and ``diff(...).expect_only(...)`` all go over HTTP like on Fleet.
+The namespace is the one Fleet's runner gives verifier code (score constants, text
+helpers, ``DatabaseSnapshot``/``IgnoreConfig``, ``json``, ``re``, ``string``); ``env`` is a
+fleet-python sync env in URL mode on the instance's manager API, so every query goes over
+HTTP as on Fleet.
 """
 
 from __future__ import annotations
@@ -219,21 +200,29 @@ class _Identity:
                         )
 
 
-def _tasks_of(uid: int) -> int | None:
-    """Processes and threads of ``uid`` (what RLIMIT_NPROC counts), from /proc."""
-    count = 0
+def _proc_files(leaf: str) -> dict[int, str] | None:
+    """``{pid: text of /proc/<pid>/<leaf>}`` of every process; None without /proc (macOS)."""
     try:
         names = os.listdir("/proc")
     except OSError:
-        return None  # no /proc (macOS): the count, and so the limit, is unknown
+        return None
+    texts = {}
     for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status", encoding="ascii", errors="replace") as status:
-                fields = dict(line.split(":", 1) for line in status if ":" in line)
-        except OSError:
-            continue
+        if name.isdigit():
+            with contextlib.suppress(OSError), open(
+                    f"/proc/{name}/{leaf}", encoding="ascii", errors="replace") as file:
+                texts[int(name)] = file.read()
+    return texts
+
+
+def _tasks_of(uid: int) -> int | None:
+    """Processes and threads of ``uid`` (what RLIMIT_NPROC counts), from /proc."""
+    statuses = _proc_files("status")
+    if statuses is None:
+        return None  # the count, and so the limit, is unknown
+    count = 0
+    for text in statuses.values():
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
         if int(fields.get("Uid", "-1 ").split()[0]) == uid:
             count += int(fields.get("Threads", "1").strip() or 1)
     return count
@@ -337,22 +326,12 @@ def _job_child(job: dict[str, Any], identity: _Identity, workdir: str, write_fd:
         os._exit(code)
 
 
-def _children_of(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and int(fields[1]) == pid:
-            found.append(int(name))
+def _children_of(parent: int) -> list[int]:
+    found = []
+    for pid, stat in (_proc_files("stat") or {}).items():
+        fields = stat.rpartition(")")[2].split()  # after "(comm)": state, ppid, ...
+        if ")" in stat and len(fields) > 1 and int(fields[1]) == parent:
+            found.append(pid)
     return found
 
 
@@ -407,7 +386,9 @@ def _describe(status: int) -> str:
     return f"exited with code {os.waitstatus_to_exitcode(status)}"
 
 
-def _failure(kind: str, message: str, started: float) -> dict[str, Any]:
+def failure(kind: str, message: str, started: float) -> dict[str, Any]:
+    """The reply for a job that produced none (also the pool's, for a silent worker);
+    ``started`` is a ``time.perf_counter()``."""
     return {"success": False, "result": None, "stdout": "",
             "error": {"type": kind, "message": message, "traceback": None},
             "elapsed_ms": _ms(started)}
@@ -433,7 +414,7 @@ def supervise(job: dict[str, Any], identity: _Identity) -> dict[str, Any]:
             os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
         _current_workdir = None
-        return _failure("VerifierUnavailable",
+        return failure("VerifierUnavailable",
                         f"could not start a process for the verifier: {exc}", started)
     if pid == 0:
         os.close(read_fd)
@@ -487,7 +468,7 @@ def supervise(job: dict[str, Any], identity: _Identity) -> dict[str, Any]:
         shutil.rmtree(workdir, ignore_errors=True)
         _current_workdir = None
     if timed_out:
-        return _failure(
+        return failure(
             "TimeoutError",
             f"verifier did not finish within its time limit of {timeout:g} s and was "
             "killed with its child processes; look for an endless loop or a blocking "
@@ -497,7 +478,7 @@ def supervise(job: dict[str, Any], identity: _Identity) -> dict[str, Any]:
         return reply
     except ValueError:
         how = _describe(status)
-        return _failure(
+        return failure(
             "VerifierCrashed",
             f"the verifier process {how} while running the verifier (os._exit, a "
             "segfault, a resource limit or a killed interpreter); the server keeps "
@@ -519,11 +500,6 @@ def _abandon_job() -> None:
     if _current_workdir is not None:
         shutil.rmtree(_current_workdir, ignore_errors=True)
     os._exit(0)
-
-
-def _terminate(_signum: int, _frame: Any) -> None:
-    """SIGTERM from the pool (a stop or an unanswered job): take the job down with us."""
-    _abandon_job()
 
 
 def _become_subreaper() -> bool:
@@ -555,7 +531,8 @@ def main() -> int:
     import cloudpickle  # noqa: F401  # warm up: the jobs unpickle their arguments
 
     _SUBREAPER = _become_subreaper()
-    signal.signal(signal.SIGTERM, _terminate)
+    # SIGTERM from the pool (a stop or an unanswered job): take the job down with us.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: _abandon_job())
     identity = _Identity()
     _send(channel, {"type": "ready", "pid": os.getpid(), "drops_to": identity.uid,
                     "subreaper": _SUBREAPER})

@@ -1,25 +1,21 @@
 """A small pool of pre-warmed verifier worker processes.
 
 Starting a Python process and importing fleet-python costs ~0.5 s; a verification should
-cost tens of milliseconds. So a few workers are started with the server, each serves
-jobs one at a time, and a worker that times out or dies is killed and replaced in the
-background. The server never waits on verifier code without a deadline.
-
-Capacity follows the load: while more jobs are in flight than there are workers, each
-new job starts one more worker (up to ``max_size``), so a burst of grades, or a hung
-verifier holding its worker until its time limit, does not leave the others queued past
-their clients' deadlines. Workers started so stay until the server stops. Each reply
-says how long its job waited for a worker (``queue_ms``), apart from the run itself.
+cost tens of milliseconds. So a few workers start with the server, each serves one job at
+a time, and one that times out or dies is killed and replaced in the background. While
+more jobs are in flight than there are workers, each new job starts one more (up to
+``max_size``; they stay until the server stops), so a burst or a hung verifier does not
+leave the others queued past their deadlines. Replies say how long their job waited for
+a worker (``queue_ms``).
 
 Workers are plain subprocesses (``python -m fleetenv.local.verifier_worker``), not
 ``multiprocessing`` children: spawn-mode multiprocessing re-imports the caller's
 ``__main__``, which would start a second local Fleet in scripts without a main guard.
 They run in their own session so a terminal Ctrl-C reaches only the server, which then
 stops them, and are killed as a process group. Their environment is an allow-list
-(``worker_environment``), never the server's: no API keys, and of the tokens only the
-runner token that opens this server's manager routes. Each job runs in
-a sandboxed process the worker forks and supervises (``verifier_worker``); the worker
-enforces the job's time limit, and the pool only catches a worker that stops answering.
+(``worker_environment``). Each worker runs each job in a sandboxed process it forks,
+supervises and times out (``verifier_worker``); the pool only catches a worker that stops
+answering.
 """
 
 from __future__ import annotations
@@ -36,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 from typing import IO, Any
+
+from fleetenv.local.verifier_worker import failure
 
 logger = logging.getLogger("fleetenv.local")
 
@@ -205,10 +203,11 @@ class WorkerPool:
             worker = self._take_worker()
             waited_ms = int((time.monotonic() - queued) * 1000)
             if worker is None:
-                reply = _failure(
+                reply = failure(
                     "VerifierUnavailable",
                     "no verifier worker became ready in time (see the worker log at "
-                    f"{self.log_path}); is fleet-python importable by {sys.executable}?")
+                    f"{self.log_path}); is fleet-python importable by {sys.executable}?",
+                    time.perf_counter())
             else:
                 reply = self._run_on(worker, job, timeout)
             return {**reply, "queue_ms": waited_ms}
@@ -231,7 +230,7 @@ class WorkerPool:
                 return worker
 
     def _run_on(self, worker: _Worker, job: dict[str, Any], timeout: float) -> dict[str, Any]:
-        started = time.monotonic()
+        started = time.perf_counter()
         try:
             # The worker enforces ``timeout`` on the job itself (and cleans up after it);
             # this wait only catches a worker that stopped answering.
@@ -239,23 +238,21 @@ class WorkerPool:
             reply = worker.replies.get(timeout=timeout + SUPERVISION_SLACK_SECONDS)
         except queue.Empty:
             worker.kill()
-            return _failure(
+            return failure(
                 "TimeoutError",
                 f"verifier did not finish within its time limit of {timeout:g} s and was "
                 "killed; look for an endless loop or a blocking call, or raise the limit",
-                elapsed=time.monotonic() - started,
-            )
+                started)
         except OSError:  # broken pipe: it died as we handed it the job
             reply = None
         if reply is None:
             worker.kill()
-            return _failure(
+            return failure(
                 "VerifierCrashed",
                 f"the verifier process {worker.exit_description()} while running the "
                 "verifier (os._exit, a segfault or a killed interpreter); the server "
                 "started a fresh worker",
-                elapsed=time.monotonic() - started,
-            )
+                started)
         self._idle.put(worker)
         return reply
 
@@ -267,13 +264,3 @@ class WorkerPool:
         for worker in workers:
             worker.kill()
         self.log_file.close()
-
-
-def _failure(kind: str, message: str, elapsed: float = 0.0) -> dict[str, Any]:
-    return {
-        "success": False,
-        "result": None,
-        "stdout": "",
-        "error": {"type": kind, "message": message, "traceback": None},
-        "elapsed_ms": int(elapsed * 1000),
-    }

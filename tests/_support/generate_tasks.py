@@ -28,9 +28,10 @@ from typing import Any
 
 from fleetenv import bundled_tasks_path
 from fleetenv.local.apps import APPS, AppSpec, DbFactory
-from fleetenv.local.apps.computer import ComputerSession, Screen
+from fleetenv.local.apps.computer import ComputerSession
 from fleetenv.local.apps.grading_tasks import grading_tasks
 from fleetenv.local.apps.helpdesk.ui import HelpdeskScreen
+from fleetenv.local.apps.list_screen import ListDetailScreen
 from fleetenv.local.apps.shop.data import order_amounts
 from fleetenv.local.apps.shop.ui import ShopScreen
 
@@ -235,7 +236,7 @@ class _Generator:
         })
 
     def ui_script(
-        self, app: str, screen: Callable[[], Screen], steps: Sequence[UiStep]
+        self, app: str, screen: Callable[[], ListDetailScreen], steps: Sequence[UiStep]
     ) -> list[Call]:
         """Drive the UI on a scratch copy to turn (target, value) clicks into coordinates."""
         path = self._workdir / f"ui-{app}.db"

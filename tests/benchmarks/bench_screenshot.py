@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests/_suppo
 from _support.generate_tasks import build_seed, db_factory
 
 from fleetenv.local.apps import APPS
-from fleetenv.local.apps.computer import SCREEN_HEIGHT, SCREEN_WIDTH, ComputerSession
+from fleetenv.local.apps.computer import ComputerSession
 from fleetenv.local.apps.helpdesk.ui import HelpdeskScreen
 from fleetenv.local.apps.screen import Canvas, png_size
 from fleetenv.local.apps.shop.ui import ShopScreen
+from fleetenv.local.apps.widgets import SCREEN_HEIGHT, SCREEN_WIDTH
 
 SCREENS = {"helpdesk": HelpdeskScreen, "shop": ShopScreen}
 

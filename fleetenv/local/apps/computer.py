@@ -3,8 +3,9 @@
 Fleet's computer-use environments expose one MCP tool named ``computer`` that takes an
 ``action`` and returns a JSON text ``{"base64_image": "data:image/png;base64,..."}``. This
 module owns that protocol (argument validation, key names, coordinates, the screenshot
-envelope, one lock per instance) so each app only supplies a :class:`Screen`: how to draw
-its current state from the database and what a click, text or key does. Layouts are
+envelope, one lock per instance) so each app only supplies a screen
+(:class:`~fleetenv.local.apps.list_screen.ListDetailScreen`): how to draw its current
+state from the database and what a click, text or key does. Layouts are
 fixed-size and deterministic, so a reference solution can be a list of clicks.
 """
 
@@ -17,83 +18,27 @@ import sqlite3
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field
 
 from fleetenv.local.apps.base import DbFactory
 from fleetenv.local.apps.screen import Canvas
 from fleetenv.local.apps.toolkit import AppError, tool_errors
+from fleetenv.local.apps.widgets import SCREEN_HEIGHT, SCREEN_WIDTH, Hotspot
 
 if TYPE_CHECKING:  # pragma: no cover
     from mcp.server import MCPServer
 
-SCREEN_WIDTH = 800
-SCREEN_HEIGHT = 600
+    from fleetenv.local.apps.list_screen import ListDetailScreen
 
-#: Key names accepted by ``action="key"`` (xdotool spellings and common aliases).
-KEY_ALIASES: dict[str, str] = {
-    "enter": "Enter",
-    "return": "Enter",
-    "kp_enter": "Enter",
-    "escape": "Escape",
-    "esc": "Escape",
-    "backspace": "Backspace",
-    "tab": "Tab",
-    "page_down": "PageDown",
-    "pagedown": "PageDown",
-    "next": "PageDown",
-    "page_up": "PageUp",
-    "pageup": "PageUp",
-    "prior": "PageUp",
-    "home": "Home",
-    "end": "End",
+_KEY_SPELLINGS = {
+    "Enter": ("enter", "return", "kp_enter"), "Escape": ("escape", "esc"),
+    "Backspace": ("backspace",), "Tab": ("tab",), "PageDown": ("page_down", "pagedown", "next"),
+    "PageUp": ("page_up", "pageup", "prior"), "Home": ("home",), "End": ("end",),
 }
-
-
-@dataclass(frozen=True)
-class Hotspot:
-    """A clickable region of the current screen and what it means to the app."""
-
-    x: int
-    y: int
-    w: int
-    h: int
-    target: str
-    """What was clicked, e.g. ``"row"``, ``"button:resolve"``, ``"field:search"``."""
-    value: int | str | None = None
-
-    def contains(self, x: int, y: int) -> bool:
-        return self.x <= x < self.x + self.w and self.y <= y < self.y + self.h
-
-    @property
-    def center(self) -> tuple[int, int]:
-        return self.x + self.w // 2, self.y + self.h // 2
-
-
-class Screen(Protocol):
-    """One app's UI: state lives on the object, data lives in the database."""
-
-    def render(self, conn: sqlite3.Connection, canvas: Canvas) -> list[Hotspot]:
-        """Draw the current state; return the clickable regions, topmost first."""
-        ...
-
-    def click(self, conn: sqlite3.Connection, spot: Hotspot) -> None:
-        """React to a click on ``spot`` (may write to the database)."""
-        ...
-
-    def type_text(self, conn: sqlite3.Connection, text: str) -> None:
-        """Type into the focused field; raise ``AppError`` if none is focused."""
-        ...
-
-    def key(self, conn: sqlite3.Connection, key: str) -> None:
-        """React to a normalised key name from ``KEY_ALIASES``' values."""
-        ...
-
-    def scroll(self, conn: sqlite3.Connection, direction: str, amount: int) -> None:
-        """Scroll the current view by ``amount`` rows (``direction`` is up or down)."""
-        ...
+#: Key names accepted by ``action="key"`` (xdotool spellings and common aliases).
+KEY_ALIASES = {alias: key for key, aliases in _KEY_SPELLINGS.items() for alias in aliases}
 
 
 def normalise_key(key: str) -> str:
@@ -112,38 +57,30 @@ class ComputerSession:
     MCPServer runs sync tools on worker threads and two clients may share an instance.
     """
 
-    def __init__(self, db: DbFactory, screen: Screen,
-                 make_screen: Callable[[], Screen] | None = None) -> None:
-        self._db = db
+    def __init__(self, db: DbFactory, screen: ListDetailScreen,
+                 make_screen: Callable[[], ListDetailScreen] | None = None) -> None:
+        self.db = db
         self._screen = screen
-        self._make_screen = make_screen
+        self.make_screen = make_screen
+        """Builds a fresh screen of the same app (None: this session cannot reset)."""
         self._lock = threading.Lock()
         self._hotspots: list[Hotspot] = []
-
-    @property
-    def db(self) -> DbFactory:
-        return self._db
-
-    @property
-    def make_screen(self) -> Callable[[], Screen] | None:
-        """Builds a fresh screen of the same app (None: this session cannot reset)."""
-        return self._make_screen
 
     def reset_ui(self) -> None:
         """Forget the UI state (current view, focus, typed text, scroll), as a page
         reload does: the next screenshot shows the app's start screen. An episode's
         reset restores the database, and the view must not outlive it."""
-        if self._make_screen is None:
+        if self.make_screen is None:
             return
         with self._lock:
-            self._screen = self._make_screen()
+            self._screen = self.make_screen()
             self._hotspots = []
 
     def hotspots(self) -> list[Hotspot]:
         """The clickable regions of the last rendered screen (renders if none yet)."""
         with self._lock:
             if not self._hotspots:
-                with self._db() as conn:
+                with self.db() as conn:
                     self._render(conn)
             return list(self._hotspots)
 
@@ -158,7 +95,7 @@ class ComputerSession:
         amount: int = 3,
     ) -> bytes:
         """Apply one action and return the PNG of the resulting screen."""
-        with self._lock, self._db() as conn:
+        with self._lock, self.db() as conn:
             if not self._hotspots:
                 self._render(conn)
             if action == "click":
@@ -216,10 +153,9 @@ def computer_session(server: MCPServer) -> ComputerSession | None:
     return _SESSIONS.get(server)
 
 
-def register_computer_tool(
-    server: MCPServer, db: DbFactory, make_screen: Callable[[], Screen], app_name: str
-) -> ComputerSession:
-    """Add the ``computer`` tool for one instance; return its session (for tests)."""
+def register_computer_tool(server: MCPServer, db: DbFactory,
+                           make_screen: Callable[[], ListDetailScreen], app_name: str) -> None:
+    """Add the ``computer`` tool for one instance."""
     session = ComputerSession(db, make_screen(), make_screen)
     _SESSIONS[server] = session
 
@@ -228,24 +164,17 @@ def register_computer_tool(
             Literal["screenshot", "click", "type", "key", "scroll"],
             Field(description="What to do. Every action returns a screenshot afterwards."),
         ],
-        x: Annotated[
-            int | None,
-            Field(description="click: pixels from the left edge (0-799).", ge=0),
-        ] = None,
-        y: Annotated[
-            int | None,
-            Field(description="click: pixels from the top edge (0-599).", ge=0),
-        ] = None,
-        text: Annotated[
-            str | None, Field(description="type: text typed into the focused field.")
-        ] = None,
-        key: Annotated[
-            str | None,
-            Field(description="key: Enter, Escape, Backspace, Tab, PageUp, PageDown, Home, End."),
-        ] = None,
-        direction: Annotated[
-            Literal["up", "down"] | None, Field(description="scroll: direction.")
-        ] = None,
+        x: Annotated[int | None, Field(description="click: pixels from the left edge (0-799).",
+                                       ge=0)] = None,
+        y: Annotated[int | None, Field(description="click: pixels from the top edge (0-599).",
+                                       ge=0)] = None,
+        text: Annotated[str | None,
+                        Field(description="type: text typed into the focused field.")] = None,
+        key: Annotated[str | None, Field(
+            description="key: Enter, Escape, Backspace, Tab, PageUp, PageDown, Home, End.",
+        )] = None,
+        direction: Annotated[Literal["up", "down"] | None,
+                             Field(description="scroll: direction.")] = None,
         amount: Annotated[int, Field(description="scroll: rows to move.", ge=1, le=50)] = 3,
     ) -> str:
         with tool_errors():
@@ -259,7 +188,6 @@ def register_computer_tool(
         '{"base64_image": "data:image/png;base64,..."} showing the screen after the action.'
     )
     server.add_tool(computer, name="computer", structured_output=False)
-    return session
 
 
 def lazy_computer(app_name: str, screen: str) -> Callable[[MCPServer, DbFactory], None]:

@@ -1,21 +1,12 @@
-"""The bundled tasks that exercise the grading paths of Fleet's verifiers.
+"""The bundled tasks that exercise the grading paths of Fleet's verifiers (docs/grading.md).
 
-Three helpdesk tasks, each graded the way a family of real Fleet verifiers grades:
-
-- ``helpdesk-judge-tell-customer``: a *judge* verifier. Its function takes a
-  ``conversation`` parameter (the chat transcript as JSON, which clients pass to such
-  verifiers) and grades what the agent told the customer. Real judges ask an LLM; this one
-  applies a fixed rubric, so it is deterministic. Without a transcript it judges the
-  final answer.
-- ``helpdesk-partial-escalation``: four independent checks, each recorded in the
-  ``ERROR_ACCUMULATOR`` / ``SUCCESS_ACCUMULATOR`` blocks, so a partial solution earns a
-  partial score; its metadata turns ``partial_reward`` on.
-- ``helpdesk-multi-app-billing-reply``: a *multi-app* verifier: ``App <name>: 0|1`` lines and
-  ``VERIFY_<name>`` blocks per app, plus a trivial ``files`` app. The local Fleet serves
-  one app per instance (fleet-python's ``env.app(name)`` addresses apps by host path,
-  which the local Fleet's per-instance URLs do not model), so the apps here are parts of
-  the helpdesk instance: ``helpdesk`` (the ticket) and ``outbox`` (the reply the customer
-  gets). The output, and so the grading, is exactly that of a multi-app verifier.
+Three helpdesk tasks, each graded the way a family of real Fleet verifiers grades: a
+*judge* with a ``conversation`` parameter (a fixed rubric instead of an LLM, so it is
+deterministic), a *partial* one with four checks in the ``ERROR_ACCUMULATOR`` /
+``SUCCESS_ACCUMULATOR`` blocks, and a *multi-app* one (``App <name>: 0|1`` lines, ``VERIFY_``
+blocks). The local Fleet serves one app per instance (fleet-python's ``env.app(name)``
+addresses apps by host path, which its per-instance URLs do not model), so that task's
+apps are parts of the helpdesk instance: ``helpdesk``, ``outbox`` and a trivial ``files``.
 
 ``tests/_support/generate_tasks.py`` appends these to the bundled tasks
 (``fleetenv.bundled_tasks_path()``); the values they quote are read from the seed data

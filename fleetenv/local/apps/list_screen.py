@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fleetenv.local.apps import widgets as w
-from fleetenv.local.apps.computer import Hotspot
 from fleetenv.local.apps.screen import GREEN, PALE_GREEN, Canvas
 from fleetenv.local.apps.toolkit import AppError, Where, rows, scalar
+from fleetenv.local.apps.widgets import Hotspot
 
 PAGE_ROWS = 14
 """Table rows on one list page: what fits between the status tabs and Prev/Next."""
@@ -94,6 +94,7 @@ class ListDetailScreen:
     # -- rendering ---------------------------------------------------------------------
 
     def render(self, conn: sqlite3.Connection, canvas: Canvas) -> list[Hotspot]:
+        """Draw the current state; return the clickable regions, topmost first."""
         who = f"{self._signed_in_as(conn)} | {self.TODAY}"
         if self.screen == "record" and self.record_id is not None:
             title = f"{self.APP_TITLE} - {self.RECORD_NOUN} #{self.record_id}"
@@ -124,26 +125,11 @@ class ListDetailScreen:
 
     def _render_list(self, conn: sqlite3.Connection, canvas: Canvas) -> list[Hotspot | None]:
         spots: list[Hotspot | None] = [
-            w.text_field(
-                canvas,
-                16,
-                50,
-                560,
-                self.search_text,
-                "field:search",
-                focused=self.focus == "search",
-                placeholder=self.SEARCH_PLACEHOLDER,
-            ),
+            w.text_field(canvas, 16, 50, 560, self.search_text, "field:search",
+                         focused=self.focus == "search", placeholder=self.SEARCH_PLACEHOLDER),
             w.button(canvas, 588, 50, 96, "Search", "button:search"),
-            w.button(
-                canvas,
-                692,
-                50,
-                92,
-                "Clear",
-                "button:clear",
-                enabled=bool(self.search_text or self.applied_search),
-            ),
+            w.button(canvas, 692, 50, 92, "Clear", "button:clear",
+                     enabled=bool(self.search_text or self.applied_search)),
         ]
         spots.extend(w.tabs(canvas, 16, 90, 144, self.STATUS_TABS, self.status_tab, "tab"))
         where = self._filters()
@@ -164,25 +150,16 @@ class ListDetailScreen:
         else:
             shown = f"No {self.LIST_TITLE.lower()} match"
         w.label(canvas, 16, 530, shown)
-        spots.append(
-            w.button(canvas, 560, 524, 108, "< Prev", "button:prev", enabled=self.offset > 0)
-        )
-        spots.append(
-            w.button(
-                canvas,
-                676,
-                524,
-                108,
-                "Next >",
-                "button:next",
-                enabled=self.offset + PAGE_ROWS < self._total,
-            )
-        )
+        spots.append(w.button(canvas, 560, 524, 108, "< Prev", "button:prev",
+                              enabled=self.offset > 0))
+        spots.append(w.button(canvas, 676, 524, 108, "Next >", "button:next",
+                              enabled=self.offset + PAGE_ROWS < self._total))
         return spots
 
     # -- input ---------------------------------------------------------------------------
 
     def click(self, conn: sqlite3.Connection, spot: Hotspot) -> None:
+        """React to a click on ``spot`` (may write to the database)."""
         self.message = ""
         target = spot.target
         if target.startswith("field:"):
@@ -232,7 +209,7 @@ class ListDetailScreen:
             if key == "Enter":
                 self.applied_search, self.offset = self.search_text, 0
             elif key == "Backspace":
-                self.search_text = w.edit_text(self.search_text, key)
+                self.search_text = self.search_text[:-1]
 
     def scroll(self, conn: sqlite3.Connection, direction: str, amount: int) -> None:
         """Scroll the list; a record page has nothing to scroll unless an app says so."""

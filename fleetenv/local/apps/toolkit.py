@@ -44,6 +44,22 @@ def one(conn: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> dict[st
     return found[0] if found else None
 
 
+def one_or_refuse(conn: sqlite3.Connection, sql: str, args: Sequence[Any], missing: str
+                  ) -> dict[str, Any]:
+    """The first row of a query as a dict; ``AppError(missing)`` when there is none."""
+    found = one(conn, sql, args)
+    if found is None:
+        raise AppError(missing)
+    return found
+
+
+def customer_by_email(conn: sqlite3.Connection, email: str) -> dict[str, Any]:
+    """The customer with ``email`` (any case), in either app."""
+    return one_or_refuse(conn, "SELECT * FROM customers WHERE lower(email) = lower(?)",
+                         [email.strip()],
+                         f"no customer with email {email!r}; search with find_customers")
+
+
 def scalar(conn: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> Any:
     """The first column of the first row (``None`` when there is no row)."""
     row = conn.execute(sql, tuple(args)).fetchone()

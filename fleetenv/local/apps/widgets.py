@@ -9,8 +9,8 @@ a vision model can read it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from fleetenv.local.apps.computer import SCREEN_WIDTH, Hotspot
 from fleetenv.local.apps.screen import (
     BLACK,
     BLUE,
@@ -27,10 +27,35 @@ from fleetenv.local.apps.screen import (
     fit,
 )
 
+SCREEN_WIDTH = 800
+SCREEN_HEIGHT = 600
 SCALE = 2
 CHAR_W = CELL_W * SCALE
 CHAR_H = CELL_H * SCALE
 HEADER_H = 40
+CONTROL_H = 30
+"""Height of buttons and text fields."""
+_CONTROL_TEXT_DY = (CONTROL_H - CHAR_H) // 2 + 1
+
+
+@dataclass(frozen=True)
+class Hotspot:
+    """A clickable region of the current screen and what it means to the app."""
+
+    x: int
+    y: int
+    w: int
+    h: int
+    target: str
+    """What was clicked, e.g. ``"row"``, ``"button:resolve"``, ``"field:search"``."""
+    value: int | str | None = None
+
+    def contains(self, x: int, y: int) -> bool:
+        return self.x <= x < self.x + self.w and self.y <= y < self.y + self.h
+
+    @property
+    def center(self) -> tuple[int, int]:
+        return self.x + self.w // 2, self.y + self.h // 2
 
 
 def header(canvas: Canvas, title: str, right: str = "") -> None:
@@ -50,49 +75,32 @@ def label(
 
 
 def button(
-    canvas: Canvas,
-    x: int,
-    y: int,
-    w: int,
-    text: str,
-    target: str,
-    value: int | str | None = None,
-    *,
-    enabled: bool = True,
-    color: Color = BLUE,
-    h: int = 30,
+    canvas: Canvas, x: int, y: int, w: int, text: str, target: str,
+    value: int | str | None = None, *, enabled: bool = True, color: Color = BLUE,
 ) -> Hotspot | None:
     """A filled button with centred text; disabled buttons are grey and not clickable."""
     fill = color if enabled else LINE
     ink = WHITE if enabled else GREY
-    canvas.fill(x, y, w, h, fill)
+    canvas.fill(x, y, w, CONTROL_H, fill)
     text_x = x + max((w - len(text) * CHAR_W) // 2, 4)
-    canvas.text(text_x, y + (h - CHAR_H) // 2 + 1, text, ink, fill, SCALE)
-    return Hotspot(x, y, w, h, target, value) if enabled else None
+    canvas.text(text_x, y + _CONTROL_TEXT_DY, text, ink, fill, SCALE)
+    return Hotspot(x, y, w, CONTROL_H, target, value) if enabled else None
 
 
 def text_field(
-    canvas: Canvas,
-    x: int,
-    y: int,
-    w: int,
-    value: str,
-    target: str,
-    *,
-    focused: bool,
+    canvas: Canvas, x: int, y: int, w: int, value: str, target: str, *, focused: bool,
     placeholder: str = "",
-    h: int = 30,
 ) -> Hotspot:
     """A one-line input; the focused one has a blue border and a caret."""
-    canvas.fill(x, y, w, h, WHITE)
-    canvas.frame(x, y, w, h, BLUE if focused else LINE, 2 if focused else 1)
+    canvas.fill(x, y, w, CONTROL_H, WHITE)
+    canvas.frame(x, y, w, CONTROL_H, BLUE if focused else LINE, 2 if focused else 1)
     room = (w - 16) // CHAR_W
     shown = value + ("_" if focused else "")
     if shown:
-        canvas.text(x + 8, y + (h - CHAR_H) // 2 + 1, shown[-room:], BLACK, WHITE, SCALE)
+        canvas.text(x + 8, y + _CONTROL_TEXT_DY, shown[-room:], BLACK, WHITE, SCALE)
     elif placeholder:
-        canvas.text(x + 8, y + (h - CHAR_H) // 2 + 1, fit(placeholder, room), GREY, WHITE, SCALE)
-    return Hotspot(x, y, w, h, target)
+        canvas.text(x + 8, y + _CONTROL_TEXT_DY, fit(placeholder, room), GREY, WHITE, SCALE)
+    return Hotspot(x, y, w, CONTROL_H, target)
 
 
 def tabs(
@@ -114,21 +122,14 @@ def tabs(
 
 
 def table(
-    canvas: Canvas,
-    y: int,
-    columns: Sequence[tuple[str, int, int]],
-    cells: Sequence[Sequence[str]],
-    row_ids: Sequence[int],
-    target: str,
-    *,
-    row_h: int = 26,
-    x: int = 16,
-    width: int = SCREEN_WIDTH - 32,
+    canvas: Canvas, y: int, columns: Sequence[tuple[str, int, int]],
+    cells: Sequence[Sequence[str]], row_ids: Sequence[int], target: str,
 ) -> list[Hotspot]:
-    """A header row plus zebra-striped body rows; each body row is one hotspot.
+    """A full-width header row plus zebra-striped body rows; each body row is one hotspot.
 
     ``columns`` are ``(title, x offset, max chars)``.
     """
+    x, width, row_h = 16, SCREEN_WIDTH - 32, 26
     canvas.fill(x, y, width, row_h, NAVY)
     for title, offset, _ in columns:
         canvas.text(x + offset, y + 4, title, WHITE, NAVY, SCALE)
@@ -143,7 +144,3 @@ def table(
     canvas.fill(x, y + row_h * (len(cells) + 1), width, 1, LINE)
     return spots
 
-
-def edit_text(value: str, key: str) -> str:
-    """Apply an editing key to a field's text (only Backspace edits)."""
-    return value[:-1] if key == "Backspace" else value

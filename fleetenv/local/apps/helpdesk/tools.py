@@ -15,7 +15,17 @@ from pydantic import Field
 
 from fleetenv.local.apps.base import DbFactory, add_tools
 from fleetenv.local.apps.helpdesk.data import NOW, TAGS
-from fleetenv.local.apps.toolkit import AppError, Where, next_id, one, rows, scalar, tool_errors
+from fleetenv.local.apps.toolkit import (
+    AppError,
+    Where,
+    customer_by_email,
+    next_id,
+    one,
+    one_or_refuse,
+    rows,
+    scalar,
+    tool_errors,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from mcp.server import MCPServer
@@ -43,17 +53,9 @@ LEFT JOIN agents a ON a.id = t.assignee_id
 
 def agent_by_email(conn: sqlite3.Connection, email: str) -> dict[str, Any]:
     """The agent with ``email`` or an error that says where to look."""
-    agent = one(conn, "SELECT * FROM agents WHERE lower(email) = lower(?)", [email.strip()])
-    if agent is None:
-        raise AppError(f"no agent with email {email!r}; call list_agents to see every agent")
-    return agent
-
-
-def customer_by_email(conn: sqlite3.Connection, email: str) -> dict[str, Any]:
-    customer = one(conn, "SELECT * FROM customers WHERE lower(email) = lower(?)", [email.strip()])
-    if customer is None:
-        raise AppError(f"no customer with email {email!r}; search with find_customers")
-    return customer
+    return one_or_refuse(conn, "SELECT * FROM agents WHERE lower(email) = lower(?)",
+                         [email.strip()],
+                         f"no agent with email {email!r}; call list_agents to see every agent")
 
 
 def tag_id(conn: sqlite3.Connection, name: str) -> int:
@@ -64,10 +66,8 @@ def tag_id(conn: sqlite3.Connection, name: str) -> int:
 
 
 def ticket_row(conn: sqlite3.Connection, ticket_id: int) -> dict[str, Any]:
-    ticket = one(conn, "SELECT * FROM tickets WHERE id = ?", [ticket_id])
-    if ticket is None:
-        raise AppError(f"no ticket #{ticket_id}; find ticket ids with search_tickets")
-    return ticket
+    return one_or_refuse(conn, "SELECT * FROM tickets WHERE id = ?", [ticket_id],
+                         f"no ticket #{ticket_id}; find ticket ids with search_tickets")
 
 
 def status_and_priority(status: str | None, priority: str | None) -> Where:
@@ -91,30 +91,17 @@ def active_agent_id(conn: sqlite3.Connection, email: str) -> int:
 def ticket_detail(conn: sqlite3.Connection, ticket_id: int) -> dict[str, Any]:
     """A ticket with its customer, assignee, tags, SLA and comments, for display."""
     ticket = ticket_row(conn, ticket_id)
-    customer = one(
-        conn,
-        "SELECT id, name, email, company, tier FROM customers WHERE id = ?",
-        [ticket["customer_id"]],
-    )
+    customer = one(conn, "SELECT id, name, email, company, tier FROM customers WHERE id = ?",
+                   [ticket["customer_id"]])
     assignee = None
     if ticket["assignee_id"] is not None:
-        assignee = one(
-            conn, "SELECT id, name, email, team FROM agents WHERE id = ?", [ticket["assignee_id"]]
-        )
-    tags = [
-        r["name"]
-        for r in rows(
-            conn,
-            "SELECT g.name FROM ticket_tags tt JOIN tags g ON g.id = tt.tag_id "
-            "WHERE tt.ticket_id = ? ORDER BY g.name",
-            [ticket_id],
-        )
-    ]
-    sla = one(
-        conn,
-        "SELECT first_response_hours, resolution_hours FROM sla_policies WHERE priority = ?",
-        [ticket["priority"]],
-    )
+        assignee = one(conn, "SELECT id, name, email, team FROM agents WHERE id = ?",
+                       [ticket["assignee_id"]])
+    tags = [r["name"] for r in rows(conn, "SELECT g.name FROM ticket_tags tt JOIN tags g "
+                                    "ON g.id = tt.tag_id WHERE tt.ticket_id = ? ORDER BY g.name",
+                                    [ticket_id])]
+    sla = one(conn, "SELECT first_response_hours, resolution_hours FROM sla_policies "
+              "WHERE priority = ?", [ticket["priority"]])
     comments = rows(
         conn,
         """
@@ -129,32 +116,15 @@ def ticket_detail(conn: sqlite3.Connection, ticket_id: int) -> dict[str, Any]:
     )
     for comment in comments:
         comment["internal"] = bool(comment["internal"])
-    return {
-        "id": ticket["id"],
-        "subject": ticket["subject"],
-        "description": ticket["description"],
-        "status": ticket["status"],
-        "priority": ticket["priority"],
-        "channel": ticket["channel"],
-        "created_at": ticket["created_at"],
-        "updated_at": ticket["updated_at"],
-        "resolved_at": ticket["resolved_at"],
-        "customer": customer,
-        "assignee": assignee,
-        "tags": tags,
-        "sla": sla,
-        "comments": comments,
-    }
+    fields = ("id", "subject", "description", "status", "priority", "channel", "created_at",
+              "updated_at", "resolved_at")
+    return {**{k: ticket[k] for k in fields}, "customer": customer, "assignee": assignee,
+            "tags": tags, "sla": sla, "comments": comments}
 
 
 def change_ticket(
-    conn: sqlite3.Connection,
-    ticket_id: int,
-    *,
-    status: str | None = None,
-    priority: str | None = None,
-    assignee_id: int | None = None,
-    unassign: bool = False,
+    conn: sqlite3.Connection, ticket_id: int, *, status: str | None = None,
+    priority: str | None = None, assignee_id: int | None = None, unassign: bool = False,
 ) -> dict[str, Any]:
     """Apply a status / priority / assignee change; shared by the tool and the UI."""
     ticket = ticket_row(conn, ticket_id)
@@ -192,18 +162,10 @@ def post_comment(
     if not text:
         raise AppError("comment body is empty; write the reply text in 'body'")
     comment_id = next_id(conn, "comments")
-    conn.execute(
-        "INSERT INTO comments VALUES (?, ?, 'agent', ?, ?, ?, ?)",
-        [comment_id, ticket_id, agent_id, text, int(internal), NOW],
-    )
-    return {
-        "id": comment_id,
-        "ticket_id": ticket_id,
-        "author_id": agent_id,
-        "body": text,
-        "internal": internal,
-        "created_at": NOW,
-    }
+    conn.execute("INSERT INTO comments VALUES (?, ?, 'agent', ?, ?, ?, ?)",
+                 [comment_id, ticket_id, agent_id, text, int(internal), NOW])
+    return {"id": comment_id, "ticket_id": ticket_id, "author_id": agent_id, "body": text,
+            "internal": internal, "created_at": NOW}
 
 
 def register_tools(server: MCPServer, db: DbFactory) -> None:
@@ -355,25 +317,12 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                 if found not in wanted:
                     wanted.append(found)
             ticket_id = next_id(conn, "tickets")
-            conn.execute(
-                "INSERT INTO tickets VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?, ?, NULL)",
-                [
-                    ticket_id,
-                    subject.strip(),
-                    description.strip(),
-                    customer["id"],
-                    assignee_id,
-                    priority,
-                    channel,
-                    NOW,
-                    NOW,
-                ],
-            )
+            conn.execute("INSERT INTO tickets VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?, ?, NULL)",
+                         [ticket_id, subject.strip(), description.strip(), customer["id"],
+                          assignee_id, priority, channel, NOW, NOW])
             for found in wanted:
-                conn.execute(
-                    "INSERT INTO ticket_tags VALUES (?, ?, ?)",
-                    [next_id(conn, "ticket_tags"), ticket_id, found],
-                )
+                conn.execute("INSERT INTO ticket_tags VALUES (?, ?, ?)",
+                             [next_id(conn, "ticket_tags"), ticket_id, found])
             return ticket_detail(conn, ticket_id)
 
     def update_ticket(
@@ -400,14 +349,8 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
             if assignee_email and unassign:
                 raise AppError("use either assignee_email or unassign=true, not both")
             assignee_id = active_agent_id(conn, assignee_email) if assignee_email else None
-            return change_ticket(
-                conn,
-                ticket_id,
-                status=status,
-                priority=priority,
-                assignee_id=assignee_id,
-                unassign=unassign,
-            )
+            return change_ticket(conn, ticket_id, status=status, priority=priority,
+                                 assignee_id=assignee_id, unassign=unassign)
 
     def add_comment(
         ticket_id: Annotated[int, Field(description="The ticket number.")],
@@ -463,12 +406,8 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                     )
                     current[found] = link_id
                     added.append(name.strip().lower())
-            return {
-                "ticket_id": ticket_id,
-                "added": added,
-                "removed": removed,
-                "tags": ticket_detail(conn, ticket_id)["tags"],
-            }
+            return {"ticket_id": ticket_id, "added": added, "removed": removed,
+                    "tags": ticket_detail(conn, ticket_id)["tags"]}
 
     def ticket_stats(
         group_by: Annotated[
@@ -480,14 +419,8 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
     ) -> dict[str, Any]:
         """Count tickets grouped by a field, most frequent first (unassigned shows as null)."""
         with tool_errors(), db() as conn:
-            key = {
-                "status": "t.status",
-                "priority": "t.priority",
-                "channel": "t.channel",
-                "assignee": "a.email",
-                "team": "a.team",
-                "tag": "g.name",
-            }[group_by]
+            key = {"status": "t.status", "priority": "t.priority", "channel": "t.channel",
+                   "assignee": "a.email", "team": "a.team", "tag": "g.name"}[group_by]
             joins = "LEFT JOIN agents a ON a.id = t.assignee_id"
             if group_by == "tag":
                 joins += (
@@ -502,19 +435,7 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
             )
             return {"group_by": group_by, "counts": counts}
 
-    add_tools(
-        server,
-        (
-            search_tickets,
-            get_ticket,
-            find_customers,
-            list_agents,
-            create_ticket,
-            update_ticket,
-            add_comment,
-            set_tags,
-            ticket_stats,
-        ),
-        read_only=("search_tickets", "get_ticket", "find_customers", "list_agents",
-                   "ticket_stats"),
-    )
+    add_tools(server, (search_tickets, get_ticket, find_customers, list_agents, create_ticket,
+                       update_ticket, add_comment, set_tags, ticket_stats),
+              read_only=("search_tickets", "get_ticket", "find_customers", "list_agents",
+                         "ticket_stats"))

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetenv.local.apps import widgets as w
-from fleetenv.local.apps.computer import Hotspot
 from fleetenv.local.apps.helpdesk.data import NOW
 from fleetenv.local.apps.helpdesk.tools import change_ticket, post_comment, ticket_detail
 from fleetenv.local.apps.list_screen import ListDetailScreen
-from fleetenv.local.apps.screen import GREEN, RED, Canvas, wrap
+from fleetenv.local.apps.screen import BLUE, GREEN, RED, Canvas, wrap
 from fleetenv.local.apps.toolkit import AppError, one
+from fleetenv.local.apps.widgets import Hotspot
 
 SIGNED_IN_AGENT_ID = 1
 PRIORITY_BUTTONS = ("low", "normal", "high", "urgent")
@@ -91,80 +91,23 @@ class HelpdeskScreen(ListDetailScreen):
             w.label(canvas, 16, 276 + index * 22, text, max_chars=64)
         w.label(canvas, 16, 376, "Priority:")
         for index, name in enumerate(PRIORITY_BUTTONS):
-            spots.append(
-                w.button(
-                    canvas,
-                    136 + index * 112,
-                    370,
-                    104,
-                    name.capitalize(),
-                    "button:priority",
-                    name,
-                    enabled=status != "closed" and ticket["priority"] != name,
-                )
-            )
-        spots.append(
-            w.button(
-                canvas,
-                16,
-                414,
-                140,
-                "Resolve",
-                "button:resolve",
-                enabled=status in ("open", "pending"),
-                color=GREEN,
-            )
+            spots.append(w.button(canvas, 136 + index * 112, 370, 104, name.capitalize(),
+                                  "button:priority", name,
+                                  enabled=status != "closed" and ticket["priority"] != name))
+        actions = (  # (x, label, target, enabled, colour)
+            (16, "Resolve", "button:resolve", status in ("open", "pending"), GREEN),
+            (168, "Pending", "button:pending", status == "open", BLUE),
+            (320, "Close", "button:close", status != "closed", RED),
+            (472, "Reopen", "button:reopen", status in ("resolved", "closed"), BLUE),
         )
-        spots.append(
-            w.button(canvas, 168, 414, 140, "Pending", "button:pending", enabled=status == "open")
-        )
-        spots.append(
-            w.button(
-                canvas,
-                320,
-                414,
-                140,
-                "Close",
-                "button:close",
-                enabled=status != "closed",
-                color=RED,
-            )
-        )
-        spots.append(
-            w.button(
-                canvas,
-                472,
-                414,
-                140,
-                "Reopen",
-                "button:reopen",
-                enabled=status in ("resolved", "closed"),
-            )
-        )
+        for x, text, target, enabled, color in actions:
+            spots.append(w.button(canvas, x, 414, 140, text, target, enabled=enabled, color=color))
         w.label(canvas, 16, 462, "Reply to customer:")
-        spots.append(
-            w.text_field(
-                canvas,
-                16,
-                486,
-                600,
-                self.reply_text,
-                "field:reply",
-                focused=self.focus == "reply",
-                placeholder="Click here and type a reply",
-            )
-        )
-        spots.append(
-            w.button(
-                canvas,
-                628,
-                486,
-                156,
-                "Post reply",
-                "button:post",
-                enabled=bool(self.reply_text.strip()) and status != "closed",
-            )
-        )
+        spots.append(w.text_field(canvas, 16, 486, 600, self.reply_text, "field:reply",
+                                  focused=self.focus == "reply",
+                                  placeholder="Click here and type a reply"))
+        spots.append(w.button(canvas, 628, 486, 156, "Post reply", "button:post",
+                              enabled=bool(self.reply_text.strip()) and status != "closed"))
         return spots
 
     # -- input ---------------------------------------------------------------------------
@@ -207,7 +150,7 @@ class HelpdeskScreen(ListDetailScreen):
             if self.reply_text.strip():
                 self.click(conn, Hotspot(0, 0, 0, 0, "button:post"))
         elif self.focus == "reply" and key == "Backspace":
-            self.reply_text = w.edit_text(self.reply_text, key)
+            self.reply_text = self.reply_text[:-1]
         else:
             super().key(conn, key)
 

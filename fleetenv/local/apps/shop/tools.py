@@ -18,9 +18,11 @@ from fleetenv.local.apps.shop.data import NOW, order_amounts
 from fleetenv.local.apps.toolkit import (
     AppError,
     Where,
+    customer_by_email,
     money,
     next_id,
     one,
+    one_or_refuse,
     rows,
     scalar,
     tool_errors,
@@ -63,10 +65,9 @@ class StockAdjustment(BaseModel):
 
 
 def product_by_sku(conn: sqlite3.Connection, sku: str) -> dict[str, Any]:
-    product = one(conn, "SELECT * FROM products WHERE upper(sku) = upper(?)", [sku.strip()])
-    if product is None:
-        raise AppError(f"no product with SKU {sku!r}; find SKUs with search_products")
-    return product
+    return one_or_refuse(conn, "SELECT * FROM products WHERE upper(sku) = upper(?)",
+                         [sku.strip()], f"no product with SKU {sku!r}; find SKUs with "
+                         "search_products")
 
 
 def on_hand(conn: sqlite3.Connection, product_id: int) -> int:
@@ -74,38 +75,21 @@ def on_hand(conn: sqlite3.Connection, product_id: int) -> int:
     return int(scalar(conn, "SELECT on_hand FROM inventory WHERE product_id = ?", [product_id]))
 
 
-def customer_by_email(conn: sqlite3.Connection, email: str) -> dict[str, Any]:
-    customer = one(conn, "SELECT * FROM customers WHERE lower(email) = lower(?)", [email.strip()])
-    if customer is None:
-        raise AppError(f"no customer with email {email!r}; search with find_customers")
-    return customer
-
-
 def order_row(conn: sqlite3.Connection, order_id: int) -> dict[str, Any]:
-    order = one(conn, "SELECT * FROM orders WHERE id = ?", [order_id])
-    if order is None:
-        raise AppError(f"no order #{order_id}; find order ids with list_orders")
-    return order
+    return one_or_refuse(conn, "SELECT * FROM orders WHERE id = ?", [order_id],
+                         f"no order #{order_id}; find order ids with list_orders")
 
 
 def refunded_cents(conn: sqlite3.Connection, order_id: int) -> int:
-    return int(
-        scalar(
-            conn,
-            "SELECT COALESCE(SUM(amount_cents), 0) FROM refunds WHERE order_id = ?",
-            [order_id],
-        )
-    )
+    return int(scalar(conn, "SELECT COALESCE(SUM(amount_cents), 0) FROM refunds "
+                      "WHERE order_id = ?", [order_id]))
 
 
 def order_detail(conn: sqlite3.Connection, order_id: int) -> dict[str, Any]:
     """An order with its customer, lines, refunds and what is still refundable."""
     order = order_row(conn, order_id)
-    customer = one(
-        conn,
-        "SELECT id, name, email, city, country, loyalty_tier FROM customers WHERE id = ?",
-        [order["customer_id"]],
-    )
+    customer = one(conn, "SELECT id, name, email, city, country, loyalty_tier FROM customers "
+                   "WHERE id = ?", [order["customer_id"]])
     lines = rows(
         conn,
         """
@@ -116,52 +100,28 @@ def order_detail(conn: sqlite3.Connection, order_id: int) -> dict[str, Any]:
         """,
         [order_id],
     )
-    refunds = rows(
-        conn,
-        "SELECT id, amount_cents, reason, restocked, note, created_at FROM refunds "
-        "WHERE order_id = ? ORDER BY id",
-        [order_id],
-    )
+    refunds = rows(conn, "SELECT id, amount_cents, reason, restocked, note, created_at "
+                   "FROM refunds WHERE order_id = ? ORDER BY id", [order_id])
     for refund in refunds:
         refund["restocked"] = bool(refund["restocked"])
     refunded = sum(r["amount_cents"] for r in refunds)
     refundable = 0
     if order["status"] in ("paid", "shipped", "delivered"):
         refundable = order["total_cents"] - refunded
-    return {
-        **{
-            k: order[k]
-            for k in (
-                "id",
-                "status",
-                "placed_at",
-                "shipping_method",
-                "subtotal_cents",
-                "discount_cents",
-                "shipping_cents",
-                "total_cents",
-                "coupon_code",
-                "updated_at",
-            )
-        },
-        "total": money(order["total_cents"]),
-        "customer": customer,
-        "items": lines,
-        "refunds": refunds,
-        "refunded_cents": refunded,
-        "refundable_cents": refundable,
-    }
+    fields = ("id", "status", "placed_at", "shipping_method", "subtotal_cents",
+              "discount_cents", "shipping_cents", "total_cents", "coupon_code", "updated_at")
+    return {**{k: order[k] for k in fields}, "total": money(order["total_cents"]),
+            "customer": customer, "items": lines, "refunds": refunds,
+            "refunded_cents": refunded, "refundable_cents": refundable}
 
 
 def restock_order(conn: sqlite3.Connection, order_id: int) -> None:
     """Put every unit of an order back on the shelf."""
-    for line in rows(
-        conn, "SELECT product_id, quantity FROM order_items WHERE order_id = ?", [order_id]
-    ):
-        conn.execute(
-            "UPDATE inventory SET on_hand = on_hand + ?, updated_at = ? WHERE product_id = ?",
-            [line["quantity"], NOW, line["product_id"]],
-        )
+    lines = rows(conn, "SELECT product_id, quantity FROM order_items WHERE order_id = ?",
+                 [order_id])
+    for line in lines:
+        conn.execute("UPDATE inventory SET on_hand = on_hand + ?, updated_at = ? "
+                     "WHERE product_id = ?", [line["quantity"], NOW, line["product_id"]])
 
 
 def set_order_status(conn: sqlite3.Connection, order_id: int, status: str) -> dict[str, Any]:
@@ -173,19 +133,14 @@ def set_order_status(conn: sqlite3.Connection, order_id: int, status: str) -> di
         raise AppError(f"order #{order_id} is {order['status']}; it can change to: {options}")
     if status == "cancelled":
         restock_order(conn, order_id)
-    conn.execute(
-        "UPDATE orders SET status = ?, updated_at = ? WHERE id = ?", [status, NOW, order_id]
-    )
+    conn.execute("UPDATE orders SET status = ?, updated_at = ? WHERE id = ?",
+                 [status, NOW, order_id])
     return order_detail(conn, order_id)
 
 
 def refund(
-    conn: sqlite3.Connection,
-    order_id: int,
-    reason: str,
-    amount_cents: int | None,
-    restock: bool,
-    note: str | None,
+    conn: sqlite3.Connection, order_id: int, reason: str, amount_cents: int | None,
+    restock: bool, note: str | None,
 ) -> dict[str, Any]:
     """Record a refund; a refund of everything left marks the order refunded."""
     order = order_row(conn, order_id)
@@ -208,22 +163,15 @@ def refund(
             "refund the full remaining amount or set restock=false"
         )
     refund_id = next_id(conn, "refunds")
-    conn.execute(
-        "INSERT INTO refunds VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [refund_id, order_id, amount, reason, int(restock), note, NOW],
-    )
+    conn.execute("INSERT INTO refunds VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 [refund_id, order_id, amount, reason, int(restock), note, NOW])
     if restock:
         restock_order(conn, order_id)
     if full:
-        conn.execute(
-            "UPDATE orders SET status = 'refunded', updated_at = ? WHERE id = ?", [NOW, order_id]
-        )
-    return {
-        "refund_id": refund_id,
-        "amount_cents": amount,
-        "amount": money(amount),
-        "order": order_detail(conn, order_id),
-    }
+        conn.execute("UPDATE orders SET status = 'refunded', updated_at = ? WHERE id = ?",
+                     [NOW, order_id])
+    return {"refund_id": refund_id, "amount_cents": amount, "amount": money(amount),
+            "order": order_detail(conn, order_id)}
 
 
 def _check_date(value: str | None, name: str) -> None:
@@ -265,12 +213,9 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                 where.add("v.on_hand > 0")
             if not include_inactive:
                 where.add("p.active = 1")
-            order = {
-                "name": "p.name",
-                "price_asc": "p.price_cents, p.name",
-                "price_desc": "p.price_cents DESC, p.name",
-                "stock_asc": "v.on_hand, p.name",
-            }[sort]
+            order = {"name": "p.name", "price_asc": "p.price_cents, p.name",
+                     "price_desc": "p.price_cents DESC, p.name",
+                     "stock_asc": "v.on_hand, p.name"}[sort]
             found = rows(
                 conn,
                 f"""
@@ -292,25 +237,14 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
         """Get one product with stock, reorder level, bin and units sold (non-cancelled orders)."""
         with tool_errors(), db() as conn:
             product = product_by_sku(conn, sku)
-            stock = one(
-                conn,
-                "SELECT on_hand, reorder_level, bin, updated_at FROM inventory "
-                "WHERE product_id = ?",
-                [product["id"]],
-            )
-            sold = scalar(
-                conn,
-                "SELECT COALESCE(SUM(i.quantity), 0) FROM order_items i JOIN orders o "
-                "ON o.id = i.order_id WHERE i.product_id = ? AND o.status != 'cancelled'",
-                [product["id"]],
-            )
-            return {
-                **product,
-                "active": bool(product["active"]),
-                "price": money(product["price_cents"]),
-                "inventory": stock,
-                "units_sold": sold,
-            }
+            stock = one(conn, "SELECT on_hand, reorder_level, bin, updated_at FROM inventory "
+                        "WHERE product_id = ?", [product["id"]])
+            sold = scalar(conn, "SELECT COALESCE(SUM(i.quantity), 0) FROM order_items i JOIN "
+                          "orders o ON o.id = i.order_id WHERE i.product_id = ? AND "
+                          "o.status != 'cancelled'", [product["id"]])
+            return {**product, "active": bool(product["active"]),
+                    "price": money(product["price_cents"]), "inventory": stock,
+                    "units_sold": sold}
 
     def find_customers(
         query: Annotated[
@@ -370,11 +304,8 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                 where.add("substr(o.placed_at, 1, 10) >= ?", placed_from)
             if placed_to:
                 where.add("substr(o.placed_at, 1, 10) <= ?", placed_to)
-            order = {
-                "newest": "o.placed_at DESC, o.id DESC",
-                "oldest": "o.placed_at, o.id",
-                "total_desc": "o.total_cents DESC, o.id",
-            }[sort]
+            order = {"newest": "o.placed_at DESC, o.id DESC", "oldest": "o.placed_at, o.id",
+                     "total_desc": "o.total_cents DESC, o.id"}[sort]
             total = scalar(conn, f"SELECT COUNT(*) FROM orders o {where.sql}", where.args)
             found = rows(
                 conn,
@@ -432,55 +363,27 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
             percent = 0
             code = None
             if coupon_code:
-                coupon = one(
-                    conn,
-                    "SELECT * FROM coupons WHERE upper(code) = upper(?)",
-                    [coupon_code.strip()],
-                )
-                if coupon is None:
-                    raise AppError(f"no coupon {coupon_code!r}")
+                coupon = one_or_refuse(conn, "SELECT * FROM coupons WHERE upper(code) = upper(?)",
+                                       [coupon_code.strip()], f"no coupon {coupon_code!r}")
                 if not coupon["active"] or coupon["expires_on"] < NOW[:10]:
                     raise AppError(f"coupon {coupon['code']} is inactive or expired")
                 if coupon["times_used"] >= coupon["max_uses"]:
                     raise AppError(f"coupon {coupon['code']} has no uses left")
                 percent, code = coupon["percent_off"], coupon["code"]
-                conn.execute(
-                    "UPDATE coupons SET times_used = times_used + 1 WHERE id = ?", [coupon["id"]]
-                )
+                conn.execute("UPDATE coupons SET times_used = times_used + 1 WHERE id = ?",
+                             [coupon["id"]])
             subtotal = sum(p["price_cents"] * q for p, q in priced)
             discount, shipping, total = order_amounts(subtotal, percent, shipping_method)
             order_id = next_id(conn, "orders")
-            conn.execute(
-                "INSERT INTO orders VALUES (?, ?, 'paid', ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    order_id,
-                    customer["id"],
-                    NOW,
-                    shipping_method,
-                    subtotal,
-                    discount,
-                    shipping,
-                    total,
-                    code,
-                    NOW,
-                ],
-            )
+            conn.execute("INSERT INTO orders VALUES (?, ?, 'paid', ?, ?, ?, ?, ?, ?, ?, ?)",
+                         [order_id, customer["id"], NOW, shipping_method, subtotal, discount,
+                          shipping, total, code, NOW])
             for product, quantity in priced:
-                conn.execute(
-                    "INSERT INTO order_items VALUES (?, ?, ?, ?, ?)",
-                    [
-                        next_id(conn, "order_items"),
-                        order_id,
-                        product["id"],
-                        quantity,
-                        product["price_cents"],
-                    ],
-                )
-                conn.execute(
-                    "UPDATE inventory SET on_hand = on_hand - ?, updated_at = ? "
-                    "WHERE product_id = ?",
-                    [quantity, NOW, product["id"]],
-                )
+                conn.execute("INSERT INTO order_items VALUES (?, ?, ?, ?, ?)",
+                             [next_id(conn, "order_items"), order_id, product["id"], quantity,
+                              product["price_cents"]])
+                conn.execute("UPDATE inventory SET on_hand = on_hand - ?, updated_at = ? "
+                             "WHERE product_id = ?", [quantity, NOW, product["id"]])
             return order_detail(conn, order_id)
 
     def update_order_status(
@@ -542,13 +445,10 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
                     raise AppError(
                         f"{product['sku']} has {before} on hand; cannot remove {-change.delta}"
                     )
-                conn.execute(
-                    "UPDATE inventory SET on_hand = ?, updated_at = ? WHERE product_id = ?",
-                    [before + change.delta, NOW, product["id"]],
-                )
-                result.append(
-                    {"sku": product["sku"], "before": before, "after": before + change.delta}
-                )
+                conn.execute("UPDATE inventory SET on_hand = ?, updated_at = ? "
+                             "WHERE product_id = ?", [before + change.delta, NOW, product["id"]])
+                result.append({"sku": product["sku"], "before": before,
+                               "after": before + change.delta})
             return {"reason": reason, "adjusted": result}
 
     def create_coupon(
@@ -571,26 +471,12 @@ def register_tools(server: MCPServer, db: DbFactory) -> None:
             if scalar(conn, "SELECT 1 FROM coupons WHERE code = ?", [code]):
                 raise AppError(f"coupon {code} already exists; pick another code")
             coupon_id = next_id(conn, "coupons")
-            conn.execute(
-                "INSERT INTO coupons VALUES (?, ?, ?, 1, ?, ?, 0)",
-                [coupon_id, code, percent_off, expires_on, max_uses],
-            )
+            conn.execute("INSERT INTO coupons VALUES (?, ?, ?, 1, ?, ?, 0)",
+                         [coupon_id, code, percent_off, expires_on, max_uses])
             return one(conn, "SELECT * FROM coupons WHERE id = ?", [coupon_id]) or {}
 
-    add_tools(
-        server,
-        (
-            search_products,
-            get_product,
-            find_customers,
-            list_orders,
-            get_order,
-            place_order,
-            update_order_status,
-            refund_order,
-            adjust_inventory,
-            create_coupon,
-        ),
-        read_only=("search_products", "get_product", "find_customers", "list_orders",
-                   "get_order"),
-    )
+    add_tools(server, (search_products, get_product, find_customers, list_orders, get_order,
+                       place_order, update_order_status, refund_order, adjust_inventory,
+                       create_coupon),
+              read_only=("search_products", "get_product", "find_customers", "list_orders",
+                         "get_order"))

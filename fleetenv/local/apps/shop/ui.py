@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetenv.local.apps import widgets as w
-from fleetenv.local.apps.computer import Hotspot
 from fleetenv.local.apps.list_screen import ListDetailScreen
-from fleetenv.local.apps.screen import NAVY, RED, Canvas
+from fleetenv.local.apps.screen import BLUE, NAVY, RED, Canvas
 from fleetenv.local.apps.shop.data import NOW
 from fleetenv.local.apps.shop.tools import order_detail, refund, set_order_status
 from fleetenv.local.apps.toolkit import money
+from fleetenv.local.apps.widgets import Hotspot
 
 _ITEM_COLUMNS = (("SKU", 8, 7), ("Product", 104, 26), ("Qty", 440, 3), ("Price", 500, 11))
 
@@ -49,13 +49,8 @@ class ShopScreen(ListDetailScreen):
         return "admin"
 
     def _list_cells(self, row: dict[str, Any]) -> list[str]:
-        return [
-            str(row["id"]),
-            row["placed_at"][:10],
-            row["status"],
-            row["name"],
-            money(row["total_cents"]),
-        ]
+        return [str(row["id"]), row["placed_at"][:10], row["status"], row["name"],
+                money(row["total_cents"])]
 
     def _render_record(
         self, conn: sqlite3.Connection, canvas: Canvas, record_id: int
@@ -94,71 +89,19 @@ class ShopScreen(ListDetailScreen):
         for index, line in enumerate(totals):
             w.label(canvas, 16, top + index * 22, line, max_chars=64)
         refundable = order["refundable_cents"] > 0
-        spots += [
-            w.button(
-                canvas,
-                16,
-                470,
-                180,
-                "Mark paid",
-                "button:status",
-                "paid",
-                enabled=status == "pending",
-            ),
-            w.button(
-                canvas,
-                206,
-                470,
-                180,
-                "Mark shipped",
-                "button:status",
-                "shipped",
-                enabled=status == "paid",
-            ),
-            w.button(
-                canvas,
-                396,
-                470,
-                192,
-                "Mark delivered",
-                "button:status",
-                "delivered",
-                enabled=status == "shipped",
-            ),
-            w.button(
-                canvas,
-                598,
-                470,
-                186,
-                "Cancel order",
-                "button:status",
-                "cancelled",
-                enabled=status in ("pending", "paid"),
-                color=RED,
-            ),
-            w.button(
-                canvas,
-                16,
-                514,
-                228,
-                "Refund all",
-                "button:refund",
-                "keep",
-                enabled=refundable,
-                color=RED,
-            ),
-            w.button(
-                canvas,
-                254,
-                514,
-                228,
-                "Refund+restock",
-                "button:refund",
-                "restock",
-                enabled=refundable,
-                color=RED,
-            ),
-        ]
+        actions = (  # (x, y, width, label, target, value, enabled, colour)
+            (16, 470, 180, "Mark paid", "button:status", "paid", status == "pending", BLUE),
+            (206, 470, 180, "Mark shipped", "button:status", "shipped", status == "paid", BLUE),
+            (396, 470, 192, "Mark delivered", "button:status", "delivered",
+             status == "shipped", BLUE),
+            (598, 470, 186, "Cancel order", "button:status", "cancelled",
+             status in ("pending", "paid"), RED),
+            (16, 514, 228, "Refund all", "button:refund", "keep", refundable, RED),
+            (254, 514, 228, "Refund+restock", "button:refund", "restock", refundable, RED),
+        )
+        for x, y, width, text, target, value, enabled, color in actions:
+            spots.append(w.button(canvas, x, y, width, text, target, value, enabled=enabled,
+                                  color=color))
         return spots
 
     def _record_action(
@@ -168,12 +111,6 @@ class ShopScreen(ListDetailScreen):
             set_order_status(conn, record_id, str(value))
             self.message = f"Order #{record_id} is now {value}."
         elif target == "button:refund":
-            result = refund(
-                conn,
-                record_id,
-                "customer_request",
-                None,
-                value == "restock",
-                "Refunded from the admin UI",
-            )
+            result = refund(conn, record_id, "customer_request", None, value == "restock",
+                            "Refunded from the admin UI")
             self.message = f"Refunded {result['amount']} on order #{record_id}."
