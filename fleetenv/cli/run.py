@@ -44,13 +44,10 @@ if TYPE_CHECKING:  # pragma: no cover
 OPENAI_KEY_ENV = "OPENAI_API_KEY"
 
 
-def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_text, description=__doc__.split("\n\n")[0] + "\n\n" + (
-            "Runs on Fleet when FLEET_API_KEY is set, else on the embedded local Fleet. "
-            f"The openai policy reads its key from {OPENAI_KEY_ENV}."),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n\n")[0] + "\n\n" + (
+        "Runs on Fleet when FLEET_API_KEY is set, else on the embedded local Fleet. "
+        f"The openai policy reads its key from {OPENAI_KEY_ENV}.")
     parser.add_argument("tasks", metavar="TASKS",
                         help="task file: a JSON array, {\"tasks\": [...]} or JSONL")
     parser.add_argument("--policy", required=True, metavar="POLICY",
@@ -103,7 +100,6 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
     parser.add_argument("--no-preflight", dest="preflight", action="store_false",
                         help="skip the model endpoint and Fleet key checks made before "
                         "anything is provisioned")
-    return parser
 
 
 def add_run_options(parser: argparse.ArgumentParser, *, samples_default: int) -> None:
