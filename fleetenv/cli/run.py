@@ -1,19 +1,11 @@
 """``fleetenv run``: run a policy on the tasks of a task file, write results, print a summary.
 
-Where it runs: Fleet when ``FLEET_API_KEY`` is set (``FLEET_BASE_URL`` optional), else the
-embedded local Fleet, exactly as ``FleetEnv`` decides. The OpenAI-compatible policy reads
-its key from ``OPENAI_API_KEY``; there is deliberately no flag for it, because a key typed
-on the command line lands in shell history and process listings.
-
-``execute()`` is the part ``fleetenv demo`` shares: run the rollouts through the
-``Runner``, stream every result to the JSONL file as it finishes (so an interrupted run
-keeps what it finished), then print the summary table.
-
-Before anything is provisioned, ``run`` checks the model endpoint (one tiny request) and
-the Fleet key (one cheap authenticated request; nothing on the local Fleet): see
-:mod:`fleetenv.cli.preflight`. Beside the results file is the run manifest, which
-``--resume`` checks (:mod:`fleetenv.cli.resume`). Ctrl-C prints one line and exits 130
-(:mod:`fleetenv.cli.interrupts`).
+The first paragraph is the command's ``--help`` description; the flags, the checks made
+before anything is provisioned (:mod:`fleetenv.cli.preflight`), the run manifest and
+``--resume`` (:mod:`fleetenv.cli.resume`) and Ctrl-C (:mod:`fleetenv.cli.interrupts`)
+are in docs/cli.md. ``execute()`` is the part ``fleetenv demo`` shares: run the rollouts
+through the ``Runner``, stream every result to the JSONL file as it finishes (so an
+interrupted run keeps what it finished), then print the summary table.
 """
 
 from __future__ import annotations

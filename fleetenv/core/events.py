@@ -1,16 +1,10 @@
-"""Typed lifecycle records of rollouts: what happened, to which rollout, when.
+"""Typed lifecycle records of rollouts: what happened, to which rollout, when
+(docs/events.md lists them).
 
-Every event carries its identity explicitly (``rollout_id``, ``task_key``, ``env_key``,
-``instance_id``), from a ``RolloutRef`` passed by hand rather than a ContextVar, so events
-from worker threads and other tasks keep their labels.
-
-Events are frozen dataclasses of JSON values, so they pickle across process pools and
-serialise to one JSON line. Free text (error messages) goes through ``redact()`` and is
-capped in length when the event is built, so no sink ever sees a credential or a
-megabyte of stack trace. ``env_key`` is the environment as provisioned, ``"key:version"``
-when versioned (``Task.env_spec``).
-
-Delivery (sinks, accounting) lives in ``fleetenv.core.event_bus``.
+Each carries its identity from a ``RolloutRef`` passed by hand rather than a ContextVar,
+so events from worker threads and other tasks keep their labels. Free text goes through
+``redact()`` and is capped when the event is built, so no sink ever sees a credential or
+a megabyte of stack trace. Delivery (sinks, accounting) is ``fleetenv.core.event_bus``.
 """
 
 from __future__ import annotations
