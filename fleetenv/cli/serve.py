@@ -246,15 +246,9 @@ def _run_openenv(args: argparse.Namespace) -> int:
 def _check_loopback(host: str, allowed: bool) -> None:
     """Every OpenEnv session creates an instance on the caller's Fleet account: binding
     beyond loopback must be asked for (and wants a token)."""
-    import ipaddress
+    from fleetenv.local.config import is_loopback_host
 
-    if allowed or host == "localhost":
-        return
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not allowed and not is_loopback_host(host):
         raise SystemExit(f"fleetenv serve openenv: --host {host} is not a loopback address; "
                          "the server creates instances on your Fleet account for whoever "
                          "connects. Add --allow-non-loopback to serve on it anyway, with "

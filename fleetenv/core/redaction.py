@@ -30,6 +30,7 @@ import logging
 import re
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["MARKER", "MIN_SECRET_LENGTH", "credential_name", "credentials_in",
@@ -90,12 +91,16 @@ def scrub_secrets(text: str) -> str:
 
 def scrub_value(value: Any) -> Any:
     """:func:`scrub_secrets` applied to every string in a JSON-like value (a copy)."""
+    return _each_string(scrub_secrets, value)
+
+
+def _each_string(clean: Callable[[str], str], value: Any) -> Any:
     if isinstance(value, str):
-        return scrub_secrets(value)
+        return clean(value)
     if isinstance(value, list | tuple):
-        return [scrub_value(v) for v in value]
+        return [_each_string(clean, v) for v in value]
     if isinstance(value, dict):
-        return {k: scrub_value(v) for k, v in value.items()}
+        return {k: _each_string(clean, v) for k, v in value.items()}
     return value
 
 
@@ -126,13 +131,7 @@ def redact(text: str) -> str:
 
 def redact_value(value: Any) -> Any:
     """:func:`redact` applied to every string in a JSON-like value (a copy)."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, list | tuple):
-        return [redact_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: redact_value(v) for k, v in value.items()}
-    return value
+    return _each_string(redact, value)
 
 
 def scrub_exception(exc: BaseException) -> BaseException:
