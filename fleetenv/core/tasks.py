@@ -1,10 +1,5 @@
-"""The task: what the agent must do, on which environment, and how it is graded.
-
-A ``Task`` is validated completely when it is built (from a file, a dict, or keyword
-arguments): a missing ``env_key`` or a misspelt modality fails here, naming the task and
-the field, instead of after ten minutes of provisioning. It is frozen all the way down and
-picklable, because one task object is shared by many concurrent episodes and shipped to
-process pools.
+"""The task: what the agent must do, on which environment, and how it is graded
+(docs/tasks.md). Validated completely when built, frozen all the way down, picklable.
 """
 
 from __future__ import annotations
