@@ -26,6 +26,7 @@ from fleetenv.core.errors import ConfigurationError
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.config import FleetConfig
+    from fleetenv.core.events import Event
     from fleetenv.core.tasks import Task
     from fleetenv.core.types import RolloutResult
     from fleetenv.fleet.traces import TraceOptions
@@ -335,6 +336,7 @@ def execute(
     """
     from fleetenv.cli.interrupts import RunInterrupted, quiet_interrupts
     from fleetenv.cli.live import RunDisplay
+    from fleetenv.core.events import InstanceDeleted
     from fleetenv.fleet.session import Session
     from fleetenv.rollouts.metrics import summarize
     from fleetenv.rollouts.results import ResultsWriter, read_results
@@ -347,14 +349,19 @@ def execute(
              if (task.key, sample) not in skip]
     results: list[RolloutResult] = []
     started = time.monotonic()
-    deletions = _DeletionCounter()
+    deleted: set[str] = set()  # for the Ctrl-C line
+
+    def note_deletion(event: Event) -> None:
+        if isinstance(event, InstanceDeleted) and event.instance_id:
+            deleted.add(event.instance_id)
+
     display: RunDisplay | None = None
     session: Session | None = None
     runner: Runner | None = None
     with quiet_interrupts(debug=debug):
         try:
             session = Session(config)
-            session.events.add_sink(deletions)
+            session.events.add_sink(note_deletion)
             if check_fleet:
                 from fleetenv.cli.preflight import check_fleet_key
 
@@ -371,22 +378,20 @@ def execute(
                         results.append(result)
                         display.finished(failed=result.error is not None,
                                          reward=result.reward)
-                display.close()
         except KeyboardInterrupt:
-            if display is not None:
-                display.close()
-            line = _interrupted_line(command, path, results, runner, deletions, session,
-                                     display, before_start=runner is None)
+            line = _interrupted_line(command, path, results, runner, deleted, session,
+                                     display)
             raise RunInterrupted(line) from None
         finally:
             if display is not None:
-                display.close()  # idempotent; an error must not leave the bar drawing
+                display.close()  # before any line is printed; also after an error
             if session is not None:
                 session.close()
     trace_report = runner.trace_report() if runner is not None else None
     elapsed = time.monotonic() - started
     everything = read_results(path) if resume else results
-    summary = summarize(everything, ks=pass_ks(samples))
+    # pass@1 always, and pass@N when each task ran N > 1 times
+    summary = summarize(everything, ks=(1,) if samples <= 1 else (1, samples))
     print(summary.format_table())
     resumed = f" (+{len(everything) - len(results)} from before)" if resume else ""
     print(f"{len(results)} episode(s){resumed} in {elapsed:.1f} s; results: {path}")
@@ -423,40 +428,22 @@ def _run_pairs(runner: Runner, pairs: Iterable[tuple[Task, int]],
         yield done.result()
 
 
-class _DeletionCounter:
-    """An event sink noting which instances were deleted (for the Ctrl-C line)."""
-
-    def __init__(self) -> None:
-        self.deleted: set[str] = set()
-
-    def __call__(self, event: Any) -> None:
-        instance_id = getattr(event, "instance_id", None)
-        if getattr(event, "kind", "") == "instance_deleted" and instance_id:
-            self.deleted.add(instance_id)
-
-
 def _interrupted_line(command: str, path: Path, results: Sequence[RolloutResult],
-                      runner: Any, deletions: _DeletionCounter, session: Any,
-                      display: Any, *, before_start: bool) -> str:
+                      runner: Any, deleted: set[str], session: Any, display: Any) -> str:
     """One line: what was stopped, what was deleted, where the partial results are."""
-    if before_start:
+    if runner is None:
         return "interrupted before any episode started; nothing was provisioned"
     left = session.live_instance_ids() if session is not None else []
     # The instances of the episodes Ctrl-C stopped (not those of finished episodes).
-    stopped = deletions.deleted - {r.instance_id for r in results if r.instance_id}
+    stopped = deleted - {r.instance_id for r in results if r.instance_id}
     running = max(0, (display.submitted if display is not None else 0) - len(results))
-    deleted = f"deleted {len(stopped)} instance(s)"
+    deletions = f"deleted {len(stopped)} instance(s)"
     if left:
-        deleted += (f", {len(left)} could not be deleted (`fleetenv sweep --tag "
-                    f"{runner.run_tag}` deletes them)")
+        deletions += (f", {len(left)} could not be deleted (`fleetenv sweep --tag "
+                      f"{runner.run_tag}` deletes them)")
     resume = f" (finish with --resume {path})" if command == "run" else ""
-    return (f"interrupted: stopped {running} running episode(s) and {deleted}; "
+    return (f"interrupted: stopped {running} running episode(s) and {deletions}; "
             f"{len(results)} finished episode(s) are in {path}{resume}")
-
-
-def pass_ks(samples: int) -> tuple[int, ...]:
-    """pass@1 always, and pass@N when each task ran N > 1 times."""
-    return (1,) if samples <= 1 else (1, samples)
 
 
 def default_results_path(command: str) -> Path:
