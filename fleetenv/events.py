@@ -17,58 +17,9 @@ The bus keeps the books: every started rollout completes exactly once, with one 
 
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.event_sinks import EventSink, JsonlSink, LoggingSink
-from fleetenv.core.events import (
-    Event,
-    EventKind,
-    InstanceDeleted,
-    InstanceDeleteFailed,
-    InstanceProvisioned,
-    ProvisioningFailed,
-    ProvisioningRetry,
-    ResetFailed,
-    RolloutCompleted,
-    RolloutRef,
-    RolloutStarted,
-    ServerLog,
-    ToolCallFailed,
-    ToolCallFinished,
-    ToolErrorReported,
-    ToolProgress,
-    ToolsChanged,
-    TurnParseFailed,
-    TurnWithoutToolCall,
-    VerificationFinished,
-    VerifierFailed,
-    event_from_dict,
-)
+from fleetenv.core.events import *  # noqa: F403  # every event type: core.events' __all__
+from fleetenv.core.events import __all__ as _EVENT_NAMES
 from fleetenv.core.rollout_accounting import AccountingReport
 
-__all__ = [
-    "AccountingReport",
-    "Event",
-    "EventBus",
-    "EventKind",
-    "EventSink",
-    "InstanceDeleteFailed",
-    "InstanceDeleted",
-    "InstanceProvisioned",
-    "JsonlSink",
-    "LoggingSink",
-    "ProvisioningFailed",
-    "ProvisioningRetry",
-    "ResetFailed",
-    "RolloutCompleted",
-    "RolloutRef",
-    "RolloutStarted",
-    "ServerLog",
-    "ToolCallFailed",
-    "ToolCallFinished",
-    "ToolErrorReported",
-    "ToolProgress",
-    "ToolsChanged",
-    "TurnParseFailed",
-    "TurnWithoutToolCall",
-    "VerificationFinished",
-    "VerifierFailed",
-    "event_from_dict",
-]
+__all__ = ["AccountingReport", "EventBus", "EventSink", "JsonlSink", "LoggingSink",
+           *_EVENT_NAMES]

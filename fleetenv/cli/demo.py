@@ -16,7 +16,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fleetenv.cli.run import add_run_options
 
@@ -25,13 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.types import RolloutResult
 
 
-def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_text, description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_options(parser, samples_default=3)
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,11 +19,7 @@ from typing import Any
 from fleetenv.cli.run import positive_int
 
 
-def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_text, description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("tasks", metavar="TASKS", nargs="?", default=None,
                         help="task file: a JSON array, {\"tasks\": [...]} or JSONL")
     parser.add_argument("--k", type=positive_int, default=4, metavar="K",
@@ -46,7 +42,6 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
                         help="collect the results of this existing job instead")
     parser.add_argument("--json", action="store_true",
                         help="print each result as one JSON line")
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,9 +1,6 @@
-"""The live progress display of ``fleetenv run`` and ``fleetenv demo``.
-
-A long run should say how it is going without being asked: episodes done and failed,
-the pass rate so far, the rate and the time left. Drawn with ``rich`` on stderr, and only
-when stderr is a terminal: a CI log or a redirect gets no redraw frames (the results file
-and the summary say the same thing). Without ``rich`` installed, fleetenv's one-line
+"""The live progress display of ``fleetenv run`` and ``fleetenv demo`` (docs/cli.md,
+"Progress and Ctrl-C"): drawn with ``rich`` on stderr, only when stderr is a terminal;
+without ``rich`` installed, fleetenv's one-line
 :class:`~fleetenv.rollouts.progress.Progress` is drawn instead.
 
 Updated from the main thread only (the CLI writes results there), so no locking here.

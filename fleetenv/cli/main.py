@@ -1,8 +1,8 @@
 """Entry point of the ``fleetenv`` command.
 
-Each subcommand lives in its own module of this package and exposes
-``add_parser(subparsers, name, help)`` and ``run(args) -> int``. Modules are imported only when
-their command runs, so ``fleetenv --help`` stays fast.
+Each subcommand lives in its own module of this package, named like it, and exposes
+``add_arguments(parser)`` (the parser's description is the module docstring) and
+``run(args) -> int``.
 
 Errors from fleetenv are printed as one readable line; ``--debug`` shows the traceback.
 Ctrl-C prints one line and exits 130. ``python -m fleetenv`` runs the same ``main()``.
@@ -16,18 +16,16 @@ import logging
 import sys
 from collections.abc import Sequence
 
-# command name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("fleetenv.cli.demo",
-             "run every bundled task on the embedded local Fleet with the reference policy"),
-    "run": ("fleetenv.cli.run", "run a policy on the tasks of a task file, print the summary"),
-    "tools": ("fleetenv.cli.tools", "list the tools of an environment (provisions, then deletes)"),
-    "report": ("fleetenv.cli.report", "summarise a results file (pass@k, per env, stop reasons)"),
-    "serve": ("fleetenv.cli.serve", "run a server in the foreground: 'local' (the embedded "
-              "local Fleet) or 'openenv' (Fleet tasks for OpenEnv clients)"),
-    "sweep": ("fleetenv.cli.sweep", "delete the running instances of a run tag (--dry-run: list)"),
-    "evaluate": ("fleetenv.cli.evaluate",
-                 "score tasks with Fleet's harness jobs: k rollouts per model, per-model scores"),
+#: command name -> one-line help; each lives in the module ``fleetenv.cli.<name>``.
+COMMANDS: dict[str, str] = {
+    "demo": "run every bundled task on the embedded local Fleet with the reference policy",
+    "run": "run a policy on the tasks of a task file, print the summary",
+    "tools": "list the tools of an environment (provisions, then deletes)",
+    "report": "summarise a results file (pass@k, per env, stop reasons)",
+    "serve": "run a server in the foreground: 'local' (the embedded local Fleet) or "
+             "'openenv' (Fleet tasks for OpenEnv clients)",
+    "sweep": "delete the running instances of a run tag (--dry-run: list)",
+    "evaluate": "score tasks with Fleet's harness jobs: k rollouts per model, per-model scores",
 }
 
 #: Third-party loggers that are chatty at INFO (one line per HTTP request or MCP message).
@@ -42,9 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_name)
-        module.add_parser(sub, name, help_text)
+    for name, help_text in COMMANDS.items():
+        module = importlib.import_module(f"fleetenv.cli.{name}")
+        module.add_arguments(sub.add_parser(
+            name, help=help_text, description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
 
 
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     configure_logging(debug=args.debug)
-    module = importlib.import_module(COMMANDS[args.command][0])
+    module = importlib.import_module(f"fleetenv.cli.{args.command}")
     try:
         return int(module.run(args) or 0)
     except KeyboardInterrupt as exc:

@@ -1,14 +1,10 @@
-"""Checks ``fleetenv run`` makes before it provisions anything.
+"""Checks ``fleetenv run`` makes before it provisions anything (docs/cli.md, "Checks
+before anything is provisioned").
 
 Why: a wrong ``--base-url`` or a revoked key otherwise shows up only inside the episodes,
 after an instance was provisioned for each of them and the model request retried, as the
-same error in every result. One cheap request each, up front, turns that
-into one clear line and exit status 1 before anything costs money.
-
-* The model endpoint (``--policy openai``): one tiny chat completion
-  (:meth:`OpenAIChatPolicy.preflight <fleetenv.rollouts.openai_policy.OpenAIChatPolicy.preflight>`).
-* The Fleet key (real Fleet only; the embedded local Fleet is started by this process and
-  cannot refuse it): one authenticated list request that matches nothing.
+same error in every result. One cheap request each, up front, turns that into one clear
+line and exit status 1 before anything costs money.
 """
 
 from __future__ import annotations

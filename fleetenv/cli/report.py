@@ -24,11 +24,7 @@ from fleetenv.cli.run import positive_int
 from fleetenv.core.errors import ConfigurationError
 
 
-def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_text, description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", type=Path, nargs="+", metavar="RESULTS.jsonl",
                         help="a results file written by 'fleetenv run' or 'fleetenv demo'; "
                         "two files: compare the first run (A) with the second (B)")
@@ -44,7 +40,6 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
                         metavar="EVENTS.jsonl",
                         help="the run's events file (a JsonlSink's), for per-tool "
                         "latencies; with two runs, give it twice (A's, then B's)")
-    return parser
 
 
 def non_negative_float(text: str) -> float:

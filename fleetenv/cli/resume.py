@@ -1,18 +1,9 @@
-"""The run manifest ``fleetenv run`` writes, and ``--resume``: finish an interrupted run.
+"""The run manifest ``fleetenv run`` writes, and ``--resume``: finish an interrupted run
+(docs/cli.md, "Results files, the run manifest and --resume").
 
-A run is identified by what decides its results: the task file's bytes (sha256), the task
-selection, the policy and its sampling settings, the system prompt, samples per task, the
-step limit and where it ran. ``--resume RESULTS.jsonl`` compares those with the file's
-manifest (beside it; in an older file, its first line) and refuses (naming every
-difference) when they differ, since results of two different runs in one file would make
-its pass rates mean nothing; ``--force`` resumes anyway, and the resume's record in the
-manifest says what changed.
-
-Episodes are matched by ``(task_key, sample)``: every result in the file except the
-cancelled ones counts as finished, and only the missing pairs run. The file is first
-rewritten (atomically) without the cancelled results and without a last line that an
-interrupted write left cut (between characters or inside one), so each pair ends up in
-the file once.
+A run is identified by what decides its results (:data:`COMPARED_FIELDS`); results of
+two different runs in one file would make its pass rates mean nothing, so a resume with
+other settings is refused unless forced. Episodes are matched by ``(task_key, sample)``.
 """
 
 from __future__ import annotations
@@ -24,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetenv.core.errors import ConfigurationError, ResultsFileError
+from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.redaction import hide_credentials
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -96,42 +87,30 @@ def prepare_resume(path: Path, manifest: Mapping[str, Any], *, force: bool
     Raises :class:`ConfigurationError` when the runs are not comparable (without
     ``force``) and :class:`ResultsFileError` for a file that is not a results file.
     """
-    from fleetenv.core.types import RolloutResult
-    from fleetenv.rollouts.results import is_header, manifest_path, read_manifest
+    from fleetenv.core.types import StopReason
+    from fleetenv.rollouts.results import is_torn, manifest_path, parse_line, read_manifest
 
     if not path.is_file():
         raise ConfigurationError(f"--resume {path}: no such results file",
                                  hint="pass the results file of the run to finish")
-    # Bytes, split at newlines only: a line is decoded alone (it may be cut inside a
-    # character), and text may hold U+2028 and the like, which str.splitlines splits at.
-    lines = path.read_bytes().split(b"\n")
+    # Read as bytes, split at newlines only: a line is decoded alone (it may be cut inside
+    # a character), and text may hold U+2028 and the like, which str.splitlines splits at.
+    with path.open("rb") as handle:
+        lines = [(number, line) for number, line in enumerate(handle, start=1) if line.strip()]
     kept: list[bytes] = []
     finished: set[tuple[str, int]] = set()
     first_line: dict[str, Any] | None = None
-    nonblank = [i for i, line in enumerate(lines) if line.strip()]
-    for index in nonblank:
-        line = lines[index]
-        try:
-            data = json.loads(line.decode("utf-8"))
-        except ValueError as exc:  # not UTF-8, or not JSON
-            if index == nonblank[-1]:
-                continue  # a write cut by the interrupt: that episode runs again
-            what = "UTF-8" if isinstance(exc, UnicodeDecodeError) else "JSON"
-            raise ResultsFileError(f"{path}:{index + 1}: not valid {what}",
-                                   hint="fix or delete the line", file=str(path),
-                                   line=index + 1) from None
-        if not isinstance(data, dict):
-            raise ResultsFileError(f"{path}:{index + 1}: expected a JSON object",
-                                   hint="is this a fleetenv results file?", file=str(path))
-        if is_header(data):  # a version 2 file's manifest or resume line
-            first_line = data if index == nonblank[0] else first_line
-            kept.append(line)
+    for number, line in lines:
+        if number == lines[-1][0] and is_torn(line):
+            continue  # a write cut by the interrupt: that episode runs again
+        record = parse_line(line, path, number)
+        if isinstance(record, dict):  # a version 2 file's manifest or resume line
+            first_line = record if number == lines[0][0] else first_line
+        elif record.stop_reason is StopReason.CANCELLED:
             continue
-        result = RolloutResult.from_dict(data)
-        if str(result.stop_reason) == "cancelled":
-            continue
-        finished.add((result.task_key, result.sample))
-        kept.append(line)
+        else:
+            finished.add((record.task_key, record.sample))
+        kept.append(line.rstrip(b"\n"))
     old_manifest = read_manifest(path) if manifest_path(path).is_file() else first_line
     if old_manifest is None:
         if not force:
@@ -148,7 +127,7 @@ def prepare_resume(path: Path, manifest: Mapping[str, Any], *, force: bool
                 + "; ".join(overridden) + ")",
                 hint="resume with the same task file, policy and settings, or pass --force "
                      "to mix them anyway, or start a new results file")
-    if len(kept) != len(nonblank):
+    if len(kept) != len(lines):
         tmp = path.with_name(path.name + ".resume-tmp")
         tmp.write_bytes(b"".join(line + b"\n" for line in kept))
         os.replace(tmp, path)

@@ -1,19 +1,11 @@
 """``fleetenv run``: run a policy on the tasks of a task file, write results, print a summary.
 
-Where it runs: Fleet when ``FLEET_API_KEY`` is set (``FLEET_BASE_URL`` optional), else the
-embedded local Fleet, exactly as ``FleetEnv`` decides. The OpenAI-compatible policy reads
-its key from ``OPENAI_API_KEY``; there is deliberately no flag for it, because a key typed
-on the command line lands in shell history and process listings.
-
-``execute()`` is the part ``fleetenv demo`` shares: run the rollouts through the
-``Runner``, stream every result to the JSONL file as it finishes (so an interrupted run
-keeps what it finished), then print the summary table.
-
-Before anything is provisioned, ``run`` checks the model endpoint (one tiny request) and
-the Fleet key (one cheap authenticated request; nothing on the local Fleet): see
-:mod:`fleetenv.cli.preflight`. Beside the results file is the run manifest, which
-``--resume`` checks (:mod:`fleetenv.cli.resume`). Ctrl-C prints one line and exits 130
-(:mod:`fleetenv.cli.interrupts`).
+The first paragraph is the command's ``--help`` description; the flags, the checks made
+before anything is provisioned (:mod:`fleetenv.cli.preflight`), the run manifest and
+``--resume`` (:mod:`fleetenv.cli.resume`) and Ctrl-C (:mod:`fleetenv.cli.interrupts`)
+are in docs/cli.md. ``execute()`` is the part ``fleetenv demo`` shares: run the rollouts
+through the ``Runner``, stream every result to the JSONL file as it finishes (so an
+interrupted run keeps what it finished), then print the summary table.
 """
 
 from __future__ import annotations
@@ -34,6 +26,7 @@ from fleetenv.core.errors import ConfigurationError
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.config import FleetConfig
+    from fleetenv.core.events import Event
     from fleetenv.core.tasks import Task
     from fleetenv.core.types import RolloutResult
     from fleetenv.fleet.traces import TraceOptions
@@ -44,13 +37,10 @@ if TYPE_CHECKING:  # pragma: no cover
 OPENAI_KEY_ENV = "OPENAI_API_KEY"
 
 
-def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_text, description=__doc__.split("\n\n")[0] + "\n\n" + (
-            "Runs on Fleet when FLEET_API_KEY is set, else on the embedded local Fleet. "
-            f"The openai policy reads its key from {OPENAI_KEY_ENV}."),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n\n")[0] + "\n\n" + (
+        "Runs on Fleet when FLEET_API_KEY is set, else on the embedded local Fleet. "
+        f"The openai policy reads its key from {OPENAI_KEY_ENV}.")
     parser.add_argument("tasks", metavar="TASKS",
                         help="task file: a JSON array, {\"tasks\": [...]} or JSONL")
     parser.add_argument("--policy", required=True, metavar="POLICY",
@@ -103,7 +93,6 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
     parser.add_argument("--no-preflight", dest="preflight", action="store_false",
                         help="skip the model endpoint and Fleet key checks made before "
                         "anything is provisioned")
-    return parser
 
 
 def add_run_options(parser: argparse.ArgumentParser, *, samples_default: int) -> None:
@@ -347,6 +336,7 @@ def execute(
     """
     from fleetenv.cli.interrupts import RunInterrupted, quiet_interrupts
     from fleetenv.cli.live import RunDisplay
+    from fleetenv.core.events import InstanceDeleted
     from fleetenv.fleet.session import Session
     from fleetenv.rollouts.metrics import summarize
     from fleetenv.rollouts.results import ResultsWriter, read_results
@@ -359,14 +349,19 @@ def execute(
              if (task.key, sample) not in skip]
     results: list[RolloutResult] = []
     started = time.monotonic()
-    deletions = _DeletionCounter()
+    deleted: set[str] = set()  # for the Ctrl-C line
+
+    def note_deletion(event: Event) -> None:
+        if isinstance(event, InstanceDeleted) and event.instance_id:
+            deleted.add(event.instance_id)
+
     display: RunDisplay | None = None
     session: Session | None = None
     runner: Runner | None = None
     with quiet_interrupts(debug=debug):
         try:
             session = Session(config)
-            session.events.add_sink(deletions)
+            session.events.add_sink(note_deletion)
             if check_fleet:
                 from fleetenv.cli.preflight import check_fleet_key
 
@@ -383,22 +378,20 @@ def execute(
                         results.append(result)
                         display.finished(failed=result.error is not None,
                                          reward=result.reward)
-                display.close()
         except KeyboardInterrupt:
-            if display is not None:
-                display.close()
-            line = _interrupted_line(command, path, results, runner, deletions, session,
-                                     display, before_start=runner is None)
+            line = _interrupted_line(command, path, results, runner, deleted, session,
+                                     display)
             raise RunInterrupted(line) from None
         finally:
             if display is not None:
-                display.close()  # idempotent; an error must not leave the bar drawing
+                display.close()  # before any line is printed; also after an error
             if session is not None:
                 session.close()
     trace_report = runner.trace_report() if runner is not None else None
     elapsed = time.monotonic() - started
     everything = read_results(path) if resume else results
-    summary = summarize(everything, ks=pass_ks(samples))
+    # pass@1 always, and pass@N when each task ran N > 1 times
+    summary = summarize(everything, ks=(1,) if samples <= 1 else (1, samples))
     print(summary.format_table())
     resumed = f" (+{len(everything) - len(results)} from before)" if resume else ""
     print(f"{len(results)} episode(s){resumed} in {elapsed:.1f} s; results: {path}")
@@ -435,40 +428,22 @@ def _run_pairs(runner: Runner, pairs: Iterable[tuple[Task, int]],
         yield done.result()
 
 
-class _DeletionCounter:
-    """An event sink noting which instances were deleted (for the Ctrl-C line)."""
-
-    def __init__(self) -> None:
-        self.deleted: set[str] = set()
-
-    def __call__(self, event: Any) -> None:
-        instance_id = getattr(event, "instance_id", None)
-        if getattr(event, "kind", "") == "instance_deleted" and instance_id:
-            self.deleted.add(instance_id)
-
-
 def _interrupted_line(command: str, path: Path, results: Sequence[RolloutResult],
-                      runner: Any, deletions: _DeletionCounter, session: Any,
-                      display: Any, *, before_start: bool) -> str:
+                      runner: Any, deleted: set[str], session: Any, display: Any) -> str:
     """One line: what was stopped, what was deleted, where the partial results are."""
-    if before_start:
+    if runner is None:
         return "interrupted before any episode started; nothing was provisioned"
     left = session.live_instance_ids() if session is not None else []
     # The instances of the episodes Ctrl-C stopped (not those of finished episodes).
-    stopped = deletions.deleted - {r.instance_id for r in results if r.instance_id}
+    stopped = deleted - {r.instance_id for r in results if r.instance_id}
     running = max(0, (display.submitted if display is not None else 0) - len(results))
-    deleted = f"deleted {len(stopped)} instance(s)"
+    deletions = f"deleted {len(stopped)} instance(s)"
     if left:
-        deleted += (f", {len(left)} could not be deleted (`fleetenv sweep --tag "
-                    f"{runner.run_tag}` deletes them)")
+        deletions += (f", {len(left)} could not be deleted (`fleetenv sweep --tag "
+                      f"{runner.run_tag}` deletes them)")
     resume = f" (finish with --resume {path})" if command == "run" else ""
-    return (f"interrupted: stopped {running} running episode(s) and {deleted}; "
+    return (f"interrupted: stopped {running} running episode(s) and {deletions}; "
             f"{len(results)} finished episode(s) are in {path}{resume}")
-
-
-def pass_ks(samples: int) -> tuple[int, ...]:
-    """pass@1 always, and pass@N when each task ran N > 1 times."""
-    return (1,) if samples <= 1 else (1, samples)
 
 
 def default_results_path(command: str) -> Path:

@@ -37,11 +37,11 @@ _TOKEN_HELP = {
 }
 
 
-def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_text, description=__doc__.split("\n\n")[0],
-        epilog="run 'fleetenv serve local --help' or 'fleetenv serve openenv --help' for "
-               "the options of each mode")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n\n")[0]
+    parser.epilog = ("run 'fleetenv serve local --help' or 'fleetenv serve openenv --help' "
+                     "for the options of each mode")
+    parser.formatter_class = argparse.HelpFormatter
     # The legacy forms ('fleetenv serve --port 0', 'fleetenv serve --openenv --task K')
     # parse on this parser: it knows every option, without listing them in its help.
     parser.add_argument("--openenv", action="store_true", help=argparse.SUPPRESS)
@@ -60,7 +60,6 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
                     "Needs openenv-core (pip install 'fleetenv[openenv]').")
     _add_common(openenv, hidden=False, token_help=_TOKEN_HELP["openenv"])
     _add_openenv(openenv, hidden=False)
-    return parser
 
 
 def _option(parser: argparse.ArgumentParser, hidden: bool, *flags: str,
@@ -247,15 +246,9 @@ def _run_openenv(args: argparse.Namespace) -> int:
 def _check_loopback(host: str, allowed: bool) -> None:
     """Every OpenEnv session creates an instance on the caller's Fleet account: binding
     beyond loopback must be asked for (and wants a token)."""
-    import ipaddress
+    from fleetenv.local.config import is_loopback_host
 
-    if allowed or host == "localhost":
-        return
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not allowed and not is_loopback_host(host):
         raise SystemExit(f"fleetenv serve openenv: --host {host} is not a loopback address; "
                          "the server creates instances on your Fleet account for whoever "
                          "connects. Add --allow-non-loopback to serve on it anyway, with "

@@ -12,20 +12,14 @@ nothing created under it is still in use: a running episode's instance is delete
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 
-def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_text, description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tag", required=True, metavar="TAG",
                         help="the run tag (e.g. fleetenv-0123456789ab) whose running "
                              "instances to delete")
     parser.add_argument("--dry-run", action="store_true",
                         help="list the running instances with that tag, delete nothing")
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

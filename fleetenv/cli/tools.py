@@ -17,11 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.mcp.tools import Tool
 
 
-def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_text, description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("env", metavar="ENV_KEY[:VERSION]",
                         help="environment to inspect, e.g. helpdesk or helpdesk:v1")
     parser.add_argument("--modality", choices=("tool_use", "computer_use"), default="tool_use",
@@ -29,7 +25,6 @@ def add_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentP
                         "computer tool (computer_use)")
     parser.add_argument("--json", action="store_true",
                         help="print the tools in OpenAI function format as JSON")
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

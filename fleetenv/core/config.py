@@ -1,20 +1,9 @@
 """Where fleetenv runs (Fleet or the embedded local stand-in) and how long it waits.
 
-Resolution order for every value: explicit argument, then the environment
-(``FLEET_API_KEY``, ``FLEET_BASE_URL`` only; the same variables fleet-python reads, so one
-shell setup serves both), then the documented default. There are deliberately no other
-environment variables: knobs that can be set from anywhere drift apart between machines.
-
-No API key means local mode: a higher layer starts the embedded ``fleetenv.local`` and the
-whole stack runs on loopback. A base URL set without a key is an error rather than local
-mode, because someone who pointed ``FLEET_BASE_URL`` at Fleet and forgot the key would
-otherwise get the local sample apps without noticing.
-
-The key is a ``SecretStr``: it never shows in ``repr``, ``str``, ``model_dump`` (JSON mode
-writes ``"**********"``), logs or error messages. It *does* survive pickling, on purpose:
-configs are pickled to process-pool workers, and a worker that silently lost the key would
-fall back to local mode and produce plausible but meaningless results. Pickles are a
-process-to-process transport; do not store them.
+Resolution order, the settings, and why the API key survives pickling: docs/configuration.md.
+No API key means local mode: a higher layer starts the embedded ``fleetenv.local``; a base
+URL set without a key is an error instead, so a forgotten key cannot quietly run the local
+sample apps.
 """
 
 from __future__ import annotations

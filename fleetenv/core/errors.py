@@ -1,16 +1,10 @@
-"""The one error hierarchy of fleetenv.
+"""The one error hierarchy of fleetenv (docs/errors.md: what each error says, and which
+to catch for which decision).
 
-Every error says three things: what was being done, for which task / env / instance /
-endpoint / tool (the *context*), and what to try next (the *hint*). Callers catch the
-class that matches the decision they have to make: retry later (`TransientError`),
-give up on the task (`PermanentError`), or treat the grade as unknown (`VerifierError`).
-
-Context values are plain strings chosen by the raiser; secrets (API keys, tokens) must
-never be passed in. As a last line of defence, the registered secrets are scrubbed from
-the message, hint and context when the error is built (so ``args`` and a pickled copy
-are clean too), and `redact()` is applied to the rendered message, so a URL with a
-``?token=`` or an ``Authorization`` value that slipped into an upstream message does not
-leak (``fleetenv.core.redaction``).
+Context values are plain strings chosen by the raiser; secrets must never be passed in.
+As a last line of defence, the registered secrets are scrubbed from the message, hint and
+context when the error is built (so ``args`` and a pickled copy are clean too), and
+``redact()`` is applied to the rendered message.
 """
 
 from __future__ import annotations

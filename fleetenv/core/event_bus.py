@@ -1,13 +1,10 @@
-"""Delivering events to sinks, with accounting, without letting a sink hurt an episode.
+"""Delivering events to sinks, with accounting, without letting a sink hurt an episode
+(docs/events.md, "Sinks").
 
-A metrics exporter that throws, or a full disk under a JSONL sink, must not turn a graded
-rollout into a failed one. So ``emit`` never raises because of a sink: the first failure
-of each sink is logged with its traceback, later ones are only counted
-(``sink_failures``). ``KeyboardInterrupt`` and other ``BaseException``s are not caught.
-
-``emit`` runs the sinks synchronously in the calling thread. Emit from the caller's thread
-(the sync side), not from fleetenv's event-loop thread, where a slow sink would stall every
-episode's MCP traffic.
+``emit`` never raises because of a sink (``KeyboardInterrupt`` and other
+``BaseException``s are not caught) and runs the sinks in the calling thread: emit from
+the caller's thread, not fleetenv's event-loop thread, where a slow sink would stall
+every episode's MCP traffic.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Typed lifecycle records of rollouts: what happened, to which rollout, when.
+"""Typed lifecycle records of rollouts: what happened, to which rollout, when
+(docs/events.md lists them).
 
-Every event carries its identity explicitly (``rollout_id``, ``task_key``, ``env_key``,
-``instance_id``), from a ``RolloutRef`` passed by hand rather than a ContextVar, so events
-from worker threads and other tasks keep their labels.
-
-Events are frozen dataclasses of JSON values, so they pickle across process pools and
-serialise to one JSON line. Free text (error messages) goes through ``redact()`` and is
-capped in length when the event is built, so no sink ever sees a credential or a
-megabyte of stack trace. ``env_key`` is the environment as provisioned, ``"key:version"``
-when versioned (``Task.env_spec``).
-
-Delivery (sinks, accounting) lives in ``fleetenv.core.event_bus``.
+Each carries its identity from a ``RolloutRef`` passed by hand rather than a ContextVar,
+so events from worker threads and other tasks keep their labels. Free text goes through
+``redact()`` and is capped when the event is built, so no sink ever sees a credential or
+a megabyte of stack trace. Delivery (sinks, accounting) is ``fleetenv.core.event_bus``.
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -40,16 +35,23 @@ __all__ = [
     "RolloutCompleted",
     "RolloutRef",
     "RolloutStarted",
+    "ServerLog",
     "ToolCallFailed",
+    "ToolCallFinished",
     "ToolErrorReported",
+    "ToolProgress",
+    "ToolsChanged",
+    "TurnParseFailed",
+    "TurnWithoutToolCall",
+    "VerificationFinished",
     "VerifierFailed",
     "event_from_dict",
-    "new_rollout_id",
 ]
 
 
 class EventKind(StrEnum):
-    """The ``kind`` of every event type (its name in logs and JSONL files)."""
+    """The ``kind`` of every event type (its name in logs and JSONL files); each event
+    class has the member named like it (``ToolCallFailed.kind`` is ``TOOL_CALL_FAILED``)."""
 
     ROLLOUT_STARTED = "rollout_started"
     ROLLOUT_COMPLETED = "rollout_completed"
@@ -108,8 +110,8 @@ class Event:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.kind in _KINDS:
-            raise TypeError(f"event kind {cls.kind!r} is already used by {_KINDS[cls.kind]}")
+        # Its kind is the EventKind named like the class: ToolCallFailed, "tool_call_failed".
+        cls.kind = EventKind[re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).upper()]
         _KINDS[cls.kind] = cls
 
     def __post_init__(self) -> None:
@@ -189,8 +191,6 @@ class RolloutRef:
 class RolloutStarted(Event):
     """Emitted before provisioning, so rollouts that fail to start are still counted."""
 
-    kind: ClassVar[str] = EventKind.ROLLOUT_STARTED
-
     modality: str | None = None
 
 
@@ -204,8 +204,6 @@ class RolloutCompleted(Event):
     (``"graded"``, ``"unknown"``, ``"not_graded"``) and ``grade_reason`` says why an
     unknown grade is unknown (e.g. ``"no_verifier"``, ``"verifier_error"``).
     """
-
-    kind: ClassVar[str] = EventKind.ROLLOUT_COMPLETED
 
     reason: str
     grade_status: str = GradeStatus.NOT_GRADED
@@ -231,8 +229,6 @@ class RolloutCompleted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class InstanceProvisioned(Event):
-    kind: ClassVar[str] = EventKind.INSTANCE_PROVISIONED
-
     seconds: float
     attempts: int = 1
 
@@ -241,7 +237,6 @@ class InstanceProvisioned(Event):
 class ProvisioningRetry(Event):
     """A transient provisioning failure; another attempt follows after ``delay_s``."""
 
-    kind: ClassVar[str] = EventKind.PROVISIONING_RETRY
     level: ClassVar[int] = logging.WARNING
 
     attempt: int
@@ -252,7 +247,6 @@ class ProvisioningRetry(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ProvisioningFailed(Event):
-    kind: ClassVar[str] = EventKind.PROVISIONING_FAILED
     level: ClassVar[int] = logging.ERROR
 
     attempts: int
@@ -262,7 +256,6 @@ class ProvisioningFailed(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ResetFailed(Event):
-    kind: ClassVar[str] = EventKind.RESET_FAILED
     level: ClassVar[int] = logging.WARNING
 
     error_type: str
@@ -274,7 +267,6 @@ class ResetFailed(Event):
 class ToolCallFailed(Event):
     """The call failed in transport or protocol (the tool gave no answer)."""
 
-    kind: ClassVar[str] = EventKind.TOOL_CALL_FAILED
     level: ClassVar[int] = logging.ERROR
 
     tool_name: str
@@ -287,8 +279,6 @@ class ToolCallFailed(Event):
 class ToolErrorReported(Event):
     """The tool ran and answered with an error; normal agent life, so INFO."""
 
-    kind: ClassVar[str] = EventKind.TOOL_ERROR_REPORTED
-
     tool_name: str
     step: int
     error: str = ""
@@ -298,7 +288,6 @@ class ToolErrorReported(Event):
 class VerifierFailed(Event):
     """The verifier could not produce a grade; the rollout's reward is unknown."""
 
-    kind: ClassVar[str] = EventKind.VERIFIER_FAILED
     level: ClassVar[int] = logging.ERROR
 
     error_type: str
@@ -310,8 +299,6 @@ class VerifierFailed(Event):
 class InstanceDeleted(Event):
     """``reason`` says who deleted it: ``"closed"``, ``"atexit"``, ``"signal"``, ``"sweep"``."""
 
-    kind: ClassVar[str] = EventKind.INSTANCE_DELETED
-
     reason: str = "closed"
 
 
@@ -319,7 +306,6 @@ class InstanceDeleted(Event):
 class InstanceDeleteFailed(Event):
     """The instance may still be running (until its TTL): a cost leak worth seeing."""
 
-    kind: ClassVar[str] = EventKind.INSTANCE_DELETE_FAILED
     level: ClassVar[int] = logging.ERROR
 
     error_type: str
@@ -338,7 +324,6 @@ class ToolCallFinished(Event):
     name when there is one. DEBUG: one per call is too many for a default log.
     """
 
-    kind: ClassVar[str] = EventKind.TOOL_CALL_FINISHED
     level: ClassVar[int] = logging.DEBUG
 
     tool_name: str
@@ -359,8 +344,6 @@ class VerificationFinished(Event):
     waited for a free verifier runner (``None`` when the runner does not say).
     """
 
-    kind: ClassVar[str] = EventKind.VERIFICATION_FINISHED
-
     outcome: str
     duration_s: float
     queue_s: float | None = None
@@ -376,7 +359,6 @@ class VerificationFinished(Event):
 class ToolProgress(Event):
     """A ``notifications/progress`` a server sent while one of its tools ran."""
 
-    kind: ClassVar[str] = EventKind.TOOL_PROGRESS
     level: ClassVar[int] = logging.DEBUG
 
     tool_name: str
@@ -390,7 +372,6 @@ class ServerLog(Event):
     """A ``notifications/message`` (log line) from an MCP server; ``severity`` is the
     MCP level (``"debug"`` ... ``"emergency"``)."""
 
-    kind: ClassVar[str] = EventKind.SERVER_LOG
     level: ClassVar[int] = logging.DEBUG
 
     endpoint: str
@@ -404,8 +385,6 @@ class ToolsChanged(Event):
     """A server said its tool list changed (``notifications/tools/list_changed``); the
     first observation the episode builds after it offers the new list."""
 
-    kind: ClassVar[str] = EventKind.TOOLS_CHANGED
-
     endpoint: str
     tool_count: int | None = None
 
@@ -415,8 +394,6 @@ class TurnParseFailed(Event):
     """A turn's tool calls could not be read (``step()`` given the model's text); the
     agent got a parse-error observation and the turn counted. ``offset`` is where in the
     text the problem is, ``format`` the tool-call format that was read."""
-
-    kind: ClassVar[str] = EventKind.TURN_PARSE_FAILED
 
     step: int
     format: str
@@ -429,8 +406,6 @@ class TurnWithoutToolCall(Event):
     """A turn made no tool call and the env is set to ``no_tool_call="noop"``: nothing
     ran, the agent was told to call a tool, and the turn counted toward ``max_steps``.
     Without this event such turns would be invisible in a trace (no call, no error)."""
-
-    kind: ClassVar[str] = EventKind.TURN_WITHOUT_TOOL_CALL
 
     step: int
     text: str = ""

@@ -1,23 +1,13 @@
-"""Keeping credentials out of everything fleetenv writes or prints: one scrubber.
+"""Keeping credentials out of everything fleetenv writes or prints: one scrubber
+(docs/configuration.md, "Keys a server or a tool echoes").
 
-Two ways, used together:
-
-* **by value**: the credentials this process holds are registered here when they are
-  first held (:func:`register_secret`): a Fleet API key when a client is built for it, the
-  runner token when an instance is provisioned (or a manager request first carries it), a
-  model endpoint's key (and credential-looking request-body values) when a policy is
-  built. Each is replaced by ``***`` wherever it appears, whatever surrounds it, as
-  written or JSON- or HTML-escaped.
-* **by shape**: ``Authorization: Bearer x``, ``?token=x``, ``"api_key": "x"`` and the like
-  are blanked even when the value was never registered (:func:`redact`).
-
-Text goes through them where it leaves the process, not per tool call: error messages
-(``FleetEnvError``), events (when built), every log record (when created, see
-:func:`install_log_scrubbing`), result lines and run manifests (``ResultsWriter``), HTML
-reports, result reprs, results sent back by worker processes, and trace uploads. Error
-messages, events and traces get both; the rest (result lines, reports, reprs, log
-records) the by-value pass only, so a tool's ``"next_page_token": "..."`` in a
-transcript stays what it was.
+Two ways, used together: **by value**, every credential the process holds, registered
+when first held (:func:`register_secret`), replaced by ``***`` wherever it appears, as
+written or JSON- or HTML-escaped; **by shape**, ``Authorization: Bearer x``, ``?token=x``,
+``"api_key": "x"`` and the like, blanked even when never registered (:func:`redact`).
+Error messages, events and traces get both; result lines, reports, reprs and log records
+the by-value pass only, so a tool's ``"next_page_token": "..."`` in a transcript stays
+what it was.
 """
 
 from __future__ import annotations
@@ -30,6 +20,7 @@ import logging
 import re
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["MARKER", "MIN_SECRET_LENGTH", "credential_name", "credentials_in",
@@ -90,12 +81,16 @@ def scrub_secrets(text: str) -> str:
 
 def scrub_value(value: Any) -> Any:
     """:func:`scrub_secrets` applied to every string in a JSON-like value (a copy)."""
+    return _each_string(scrub_secrets, value)
+
+
+def _each_string(clean: Callable[[str], str], value: Any) -> Any:
     if isinstance(value, str):
-        return scrub_secrets(value)
+        return clean(value)
     if isinstance(value, list | tuple):
-        return [scrub_value(v) for v in value]
+        return [_each_string(clean, v) for v in value]
     if isinstance(value, dict):
-        return {k: scrub_value(v) for k, v in value.items()}
+        return {k: _each_string(clean, v) for k, v in value.items()}
     return value
 
 
@@ -126,13 +121,7 @@ def redact(text: str) -> str:
 
 def redact_value(value: Any) -> Any:
     """:func:`redact` applied to every string in a JSON-like value (a copy)."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, list | tuple):
-        return [redact_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: redact_value(v) for k, v in value.items()}
-    return value
+    return _each_string(redact, value)
 
 
 def scrub_exception(exc: BaseException) -> BaseException:

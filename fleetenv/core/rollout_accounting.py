@@ -1,15 +1,11 @@
-"""Every started rollout completes exactly once, with one reason.
-
-A rollout that fails during provisioning still completes, and a re-entered finalisation
-never reports again (a second report could carry ``reward=0.0`` over a real ``1.0``). The
-accounting sees every event on the bus and keeps the books per ``rollout_id``.
+"""Every started rollout completes exactly once, with one reason (docs/events.md,
+"Accounting"): the books are kept per ``rollout_id`` from every event on the bus.
 
 A second ``RolloutCompleted`` for one rollout is a bug in fleetenv, but by default it is
 logged, recorded as a violation and *dropped* rather than raised: it arrives from
 ``close()``, ``atexit`` or a signal handler, where an exception would abort a cleanup that
 still has instances to delete, and the first completion (the one with the real outcome)
-has already been delivered. Dropping it keeps sinks consistent: each sees exactly one
-completion per rollout. Tests and the chaos suite use ``strict=True`` (raise) or check
+has already been delivered. Tests and the chaos suite use ``strict=True`` (raise) or check
 ``report().violations``.
 """
 

@@ -1,10 +1,5 @@
-"""The task: what the agent must do, on which environment, and how it is graded.
-
-A ``Task`` is validated completely when it is built (from a file, a dict, or keyword
-arguments): a missing ``env_key`` or a misspelt modality fails here, naming the task and
-the field, instead of after ten minutes of provisioning. It is frozen all the way down and
-picklable, because one task object is shared by many concurrent episodes and shipped to
-process pools.
+"""The task: what the agent must do, on which environment, and how it is graded
+(docs/tasks.md). Validated completely when built, frozen all the way down, picklable.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.frozen import freeze, thaw
 from fleetenv.core.modality import Modality
-from fleetenv.core.task_fields import normalize_task_fields
+from fleetenv.core.task_fields import ALIASES, normalize_task_fields
 
 __all__ = ["ReferenceToolCall", "Task", "select_tasks"]
 
@@ -165,18 +160,11 @@ class Task(BaseModel):
         """
         data = self.model_dump()
         given = set(changes)
-        if given & {"env_key", "env_id", "environment_id"} and not given & {
-            "env_version", "version"
-        }:
-            data["env_version"] = None
-        if given & {"data_key", "data_id"} and "data_version" not in given:
-            data["data_version"] = None
-        for canonical, alias in (("key", ("task_key", "id")),
-                                 ("env_key", ("env_id", "environment_id")),
-                                 ("env_version", ("version",)), ("data_key", ("data_id",)),
-                                 ("verifier", ("verifier_code", "verifier_func")),
-                                 ("modality", ("task_modality",))):
-            if given & set(alias):
+        for key, version in (("env_key", "env_version"), ("data_key", "data_version")):
+            if given & set(ALIASES[key]) and not given & set(ALIASES[version]):
+                data[version] = None
+        for canonical, names in ALIASES.items():
+            if given & set(names[1:]):  # an alias given: it replaces the canonical field
                 data.pop(canonical, None)
         data.update(changes)
         return Task(**data)

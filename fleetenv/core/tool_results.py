@@ -1,15 +1,7 @@
-"""Typed tool results and their rendering for LLM messages.
-
-A result keeps every content block in order as a small typed value (``"null"`` stays
-text, images keep their place, audio and resources are kept), says whether it is an error
-exactly once (`ToolResult.is_error`, from the protocol's ``isError``), and is
-rendered explicitly: `to_openai_content` for chat messages, `to_text` for plain logs.
+"""Typed tool results and their rendering for LLM messages (docs/mcp.md, "ToolResult").
 
 Results are plain frozen dataclasses of JSON-able values, so they pickle across process
-pools and round-trip through `to_dict` / `from_dict` for JSONL trajectories. Every block
-keeps what the server said about it: its `ContentAnnotations` (audience, priority,
-last modified) and its ``_meta`` (as ``meta``); rendering for the model ignores both, a
-caller that wants to (e.g. drop ``audience=("user",)`` blocks) can filter on them.
+pools and round-trip through `to_dict` / `from_dict` for JSONL trajectories.
 """
 
 from __future__ import annotations

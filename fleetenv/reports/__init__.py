@@ -1,11 +1,5 @@
-"""Reports on results files: an HTML page per run and the comparison of two runs.
-
-``fleetenv report RUN.jsonl --html report.html`` and ``fleetenv report A.jsonl B.jsonl``
-are built on these; in Python::
-
-    run = load_run("run.jsonl")
-    write_html(run, "report.html")
-    print(compare_runs(load_run("a.jsonl"), load_run("b.jsonl")).format_table())
+"""Reports on results files: an HTML page per run and the comparison of two runs, as
+``fleetenv report`` makes them (docs/reports.md, with their use from Python).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """``fleetenv report A.jsonl B.jsonl``: what got better or worse from run A to run B.
 
-Task by task: pass rate and mean reward in each run and their change, and a verdict:
-
-* ``new failure``: the task passed at least once in A and never in B (graded in both);
-* ``fixed``: never passed in A, passed at least once in B;
-* ``better`` / ``worse``: the pass rate moved (or, at equal pass rate, the mean reward);
-* ``same``; ``only in A`` / ``only in B``; ``ungraded`` when one side has no grade.
-
-Two runs are comparable when they ran the same tasks with the same settings. When both
-results files carry a run manifest, the fields that differ (task file hash, versions,
-policy, sampling settings) are listed as warnings above the table.
+Task by task: pass rate and mean reward in each run, their change, and a verdict (the
+verdicts: docs/reports.md, "Comparing two runs"). When both results files carry a run
+manifest, the fields that differ are listed as warnings above the table.
 """
 
 from __future__ import annotations

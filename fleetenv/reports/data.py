@@ -1,14 +1,8 @@
 """What a report shows, computed once from a results file: per-task and per-tool numbers.
 
 Kept apart from the rendering so the HTML page, the text table and the comparison of two
-runs all count the same way, with the same rules as :func:`fleetenv.summarize`: only
-graded rewards enter means and pass rates; a failed or ungraded episode is counted, never
-scored as 0.0.
-
-Per-tool latency comes from the results' ``tool_timings``, or, for files written before
-they were recorded, from an events file (``ToolCallFinished`` lines written by a
-:class:`fleetenv.JsonlSink`) when one is given. Calls and errors per tool are read from
-the transcripts and ``tool_error_messages``.
+runs all count the same way, with the rules of :func:`fleetenv.summarize`. Where the
+per-tool latencies come from: docs/reports.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""``fleetenv report RUN.jsonl --html report.html``: one self-contained HTML page.
-
-Summary, per-task table, distributions of rewards and episode times, calls, errors and
-latencies per tool, then every episode's transcript with its verifier output (and its
-screenshots, up to an image budget), filterable by task and outcome. One file, inline
-CSS, inline SVG, one small inline script: it opens offline, can be mailed or attached to
-an issue, and loads nothing (its Content-Security-Policy forbids any fetch).
+"""``fleetenv report RUN.jsonl --html report.html``: one self-contained HTML page (what
+it shows, top to bottom: docs/reports.md). Inline CSS, inline SVG, one small inline
+script: it opens offline and loads nothing (its Content-Security-Policy forbids any fetch).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Fleet's harness jobs on the local Fleet: each session one real episode.
-
-Fleet's harness runs a model on each session of a job. The local Fleet has no model, so
-its harness runs two *models* that need none: ``reference`` replays the task's
-``metadata.reference_solution`` and ``noop`` finishes at once without acting. A session
-is one episode through fleetenv's own rollout machinery (``run_episode`` with a scripted
-policy), on a private session against the local Fleet over HTTP and MCP, exactly as any
-client would run it.
+"""Fleet's harness jobs on the local Fleet: each session one real episode, played by a
+scripted policy that needs no model (the ``reference`` and ``noop`` models of
+docs/evaluate.md) through fleetenv's own ``run_episode``, on a private session against
+the local Fleet over HTTP and MCP, exactly as any client would run it.
 
 The local Fleet never imports the stack: whoever builds it from the top (the default
 backend registered by ``fleetenv/__init__.py``, ``fleetenv serve``, the test fixtures)

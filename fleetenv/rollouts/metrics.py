@@ -1,21 +1,10 @@
 """Summaries of a batch of rollouts: what an eval reports and what a GRPO loop logs.
 
-Decisions, each made so a number cannot silently mean something else:
-
-* **Graded only.** Rewards, pass rates and pass@k use rollouts with a graded reward. A
-  rollout whose grade is unknown (verifier crashed) or that failed (provisioning, policy
-  error) is *not* a 0.0: it is counted as ungraded and shown next to the mean, the way
-  Tinker's loop drops invalid rollouts. Averaging ``None`` as 0 is how the previous client
-  reported false regressions.
-* **pass@k** is the unbiased estimator of Chen et al. (2021) from the n graded samples of
-  each task, ``1 - C(n-c, k) / C(n, k)``, averaged over tasks. A task with fewer than k
-  graded samples is *excluded* for that k (and counted in ``excluded``), because any
-  value for it would be a guess. Every label names k and n: ``pass@3 (n=5)``.
-* **Passed** means graded reward >= 1.0 (``RolloutResult.passed``).
-* **Variance per prompt** is the population variance of the graded rewards of one task
-  (a GRPO group), over tasks with at least two graded samples; the share of those tasks
-  with nonzero variance is the share of groups that carry a learning signal.
-* **Percentiles** interpolate linearly between order statistics (numpy's default).
+The counting rules are docs/rollouts.md, "Metrics". Each is made so a number cannot
+silently mean something else: only graded rewards enter means, pass rates and pass@k
+(an ungraded rollout is counted next to them, never averaged in as 0.0); a task with
+fewer than k graded samples is excluded from pass@k and counted as excluded, since any
+value for it would be a guess; every pass@k label names k and n.
 """
 
 from __future__ import annotations

@@ -8,14 +8,8 @@ an exception or a results file.
 
 Retrying a model request is always safe: it has no side effect on the environment (unlike
 a tool call, which fleetenv never replays). So 408, 429, 5xx, connection errors and
-timeouts are retried up to ``max_retries`` times, honouring ``Retry-After``; any other
-4xx means the request itself is wrong (key, model, URL, options) and retrying would only
-repeat the answer, so it fails at once with the server's own explanation.
-
-The assistant message is kept as the model sent it, with only what the API needs when it
-is sent back normalised (``role``, a ``content`` key, tool-call ids, string arguments), so
-the transcript shows what the model really said. Malformed tool-call arguments are passed
-through untouched: the environment answers them with a tool error the model can read.
+timeouts are retried, honouring ``Retry-After``; any other 4xx means the request itself is
+wrong (key, model, URL, options) and fails at once with the server's own explanation.
 """
 
 from __future__ import annotations
@@ -287,10 +281,8 @@ class OpenAIChatPolicy:
         self._preflight_attempt(body, timeout_s)
 
     def _preflight_attempt(self, body: dict[str, Any], timeout_s: float) -> None:
-        _, failure, _ = self._attempt(body, timeout_s=timeout_s)
-        if failure is not None and not failure.retryable:
-            raise failure
-        if failure is not None and isinstance(failure, DeadlineExceeded | ConnectError):
+        failure = self._attempt(body, timeout_s=timeout_s)[1]  # the rest raise at once
+        if isinstance(failure, DeadlineExceeded | ConnectError):
             raise failure
 
     def _post(self, body: dict[str, Any]) -> Any:
@@ -397,8 +389,10 @@ def normalize_assistant_message(message: Mapping[str, Any]) -> dict[str, Any]:
     Only what the API requires is touched: ``role`` is ``assistant``; ``content`` is
     present (``None`` when the reply is only tool calls); an empty ``tool_calls`` list is
     dropped; each call gets an ``id`` (the tool result must answer it), ``type`` and string
-    ``arguments``. ``None``-valued extras (``refusal``, ``audio``, ``function_call``) are
-    left out; everything else, such as vLLM's ``reasoning_content``, is kept.
+    ``arguments`` (malformed argument text is kept: the environment answers it with a tool
+    error the model can read). ``None``-valued extras (``refusal``, ``audio``,
+    ``function_call``) are left out; everything else, such as vLLM's
+    ``reasoning_content``, is kept.
     """
     out = {k: v for k, v in message.items() if v is not None}
     out["role"] = "assistant"

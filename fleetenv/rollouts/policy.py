@@ -1,13 +1,7 @@
-"""Policies: what turns the conversation so far into the agent's next move.
-
-A policy gets a :class:`PolicyContext` (the task, the OpenAI-format conversation, the
-tools) and returns a :class:`Reply`: the assistant message to record, and the actions it
-implies, in order. Keeping both lets the transcript show exactly what the model said
-while the episode executes what it meant.
-
-Policies are built in the process that runs the episode from a picklable
-:class:`~fleetenv.rollouts.policy_spec.PolicySpec`, so a rollout job can cross into a
-process pool or a cluster.
+"""Policies: what turns the conversation so far into the agent's next move (docs/rollouts.md,
+"Policies"). A :class:`Reply` keeps both the assistant message and the actions it implies,
+so the transcript shows exactly what the model said while the episode executes what it
+meant.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""A one-line progress bar for long rollout runs, with no dependency.
+"""A one-line progress bar for long rollout runs, with no dependency (docs/rollouts.md).
 
-It draws one stderr line (``\\r``-redrawn, at most about ten times a second): done, failed,
-running, pass rate so far, elapsed and ETA. When stderr is not a terminal (a CI log, a
-redirect into a file, a notebook capturing output) it prints nothing at all: a log full of
-carriage-return frames helps nobody, and the results file and summary say the same thing.
-
-Drawing must never hurt a run: every write is guarded, so a closed or broken stream only
-turns the bar off. The bar is updated from executor callbacks on any thread, so it is
-thread-safe.
+One stderr line, ``\\r``-redrawn at most about ten times a second, and nothing at all when
+stderr is not a terminal: a log full of carriage-return frames helps nobody. Drawing must
+never hurt a run: a closed or broken stream only turns the bar off. Updated from executor
+callbacks on any thread, so it is thread-safe.
 """
 
 from __future__ import annotations

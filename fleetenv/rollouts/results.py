@@ -1,32 +1,12 @@
-"""Results files: one JSON line per rollout, everything in a :class:`RolloutResult`.
+"""Results files: one ``RolloutResult.to_dict()`` JSON line per rollout, and the run
+manifest in a file beside it (:func:`manifest_path`), written whole and atomically.
 
 JSONL because a run is a stream: each line is written and flushed as its rollout
 finishes, so a run killed half-way still leaves every finished rollout on disk, and a
 results file of 100 000 rollouts can be read (``iter_results``) without holding it all.
-
-A line holds the task key, env key, sample, reward and grade status, stop reason, turns,
-tool calls and errors, timings, instance id, verifier stdout / error, the error of a
-failed rollout and the transcript. Secrets never reach it: error texts were redacted by
-``run_episode`` and the config (with its key) is not part of a result.
-
-Schema (version 3)
-------------------
-Every line of a results file is one ``RolloutResult.to_dict()``, so ``jq``, pandas and
-``cat a.jsonl b.jsonl`` see results only. The run manifest is a JSON object in a file
-beside it, :func:`manifest_path`: ``<stem>.manifest.json`` for ``<stem>.jsonl`` (not a
-fixed ``metadata.json``: runs share a directory, ``fleetenv-runs/`` by default). It holds
-``"record": "manifest"``, ``"schema_version": 3``, ``fleetenv_version``, ``python``,
-``packages`` (name -> version of the packages that shape a result), ``started_at`` (UTC,
-ISO 8601) and whatever the writer of the run adds (the ``fleetenv run`` command adds
-``command``, ``tasks_file``, ``tasks_sha256``, ``task_keys``, ``policy``, ``policy_spec``,
-``sampling``, ``seed``, ``samples_per_task``, ``max_steps``, ``system_prompt_sha256`` and
-``fleet``). Each resume of the run adds its own record (the same fields, ``"resumed":
-true``) to the manifest's ``resumes`` list. It is written whole, atomically.
-
-Older files read the same: version 2 files have the manifest as their first line (and a
-line per resume), version 1 files have none (:func:`read_manifest` returns ``None``).
 Lines are decoded one by one, so a line cut inside a character is named like any other
-bad line.
+bad line. The layout (schema version 3), the manifest's fields and how the files of older
+versions read: docs/cli.md, "Results files, the run manifest and --resume".
 """
 
 from __future__ import annotations
@@ -52,7 +32,7 @@ __all__ = ["MANIFEST_RECORD", "SCHEMA_VERSION", "ResultsFileError", "ResultsWrit
            "base_manifest", "is_header", "iter_results", "manifest_path", "read_manifest",
            "read_results", "read_run"]
 
-#: Version of the results-file layout this module writes (see the module docstring).
+#: Version of the results-file layout this module writes.
 SCHEMA_VERSION = 3
 #: The ``record`` value that marks a manifest (in version 2 files, a header line).
 MANIFEST_RECORD = "manifest"
@@ -226,12 +206,19 @@ def _end_last_line(results: Path) -> None:
             handle.seek(0)
             tail = handle.read()
         line_start = start + tail.rfind(b"\n") + 1
-        try:
-            json.loads(tail[line_start - start:].decode("utf-8"))
-        except ValueError:  # torn: that rollout never finished writing
+        if is_torn(tail[line_start - start:]):  # that rollout never finished writing
             handle.truncate(line_start)
         else:
             handle.write(b"\n")
+
+
+def is_torn(line: bytes) -> bool:
+    """Whether a results file's last line is a write cut short: not UTF-8 JSON."""
+    try:
+        json.loads(line.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError is a ValueError
+        return True
+    return False
 
 
 def _add_resume(results: Path, record: dict[str, Any]) -> None:
@@ -326,18 +313,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def read_run(path: str | os.PathLike[str]
              ) -> tuple[dict[str, Any] | None, list[RolloutResult]]:
-    """The manifest (as :func:`read_manifest`) and every result of a results file, in one
-    pass over it."""
-    file = Path(path)
-    beside = _read_manifest_file(file)
-    manifest = beside[0] if beside is not None else None
-    results: list[RolloutResult] = []
-    for index, item in enumerate(_iter_records(file)):
-        if isinstance(item, RolloutResult):
-            results.append(item)
-        elif index == 0 and beside is None:
-            manifest = item
-    return manifest, results
+    """The manifest (:func:`read_manifest`) and every result (:func:`read_results`)."""
+    return read_manifest(path), read_results(path)
 
 
 def _iter_records(file: Path) -> Iterator[RolloutResult | dict[str, Any]]:
@@ -351,7 +328,7 @@ def _iter_records(file: Path) -> Iterator[RolloutResult | dict[str, Any]]:
     with handle:
         for number, line in enumerate(handle, start=1):
             if line.strip():
-                yield _parse_line(line, file, number)
+                yield parse_line(line, file, number)
 
 
 #: The hint for a bad last line without its newline: what a kill or a full disk leaves.
@@ -359,7 +336,9 @@ _CUT_HINT = ("a run killed while writing leaves its last line cut: `fleetenv run
              "--resume FILE` runs that episode again, or delete the line")
 
 
-def _parse_line(raw: bytes, file: Path, number: int) -> RolloutResult | dict[str, Any]:
+def parse_line(raw: bytes, file: Path, number: int) -> RolloutResult | dict[str, Any]:
+    """Line ``number`` of a results file: a result, or a version 2 file's header (a dict).
+    Raises :class:`ResultsFileError` naming the file and the line."""
     where: dict[str, Any] = {"file": str(file), "line": number}
     # Every line is written with its newline last: only a cut line lacks it.
     hint = "fix or delete the line" if raw.endswith(b"\n") else _CUT_HINT
