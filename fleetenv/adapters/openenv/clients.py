@@ -14,8 +14,8 @@ fleetenv's loop thread) instead of a new session per operation and blind retries
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from fleetenv import runtime
 from fleetenv.adapters.openenv.compat import DropInToolNotFoundError, env_aliases
@@ -25,7 +25,6 @@ from fleetenv.core.tool_results import DEFAULT_MAX_TEXT_CHARS
 from fleetenv.core.types import Modality
 from fleetenv.fleet.session import Session
 from fleetenv.mcp.router import Endpoint, ToolRouter
-from fleetenv.runtime.plans import Blocking, Plan, run_async
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleet import SyncEnv
@@ -41,7 +40,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["FleetEnvClient", "FleetMCPTools"]
 
-T = TypeVar("T")
 #: fleet-python's credential headers, sent to MCP endpoints too (as ``FleetEnv`` does).
 _CREDENTIAL_HEADERS = ("Authorization", "X-JWT-Token", "X-Team-ID")
 #: The original's default bound of one tool call.
@@ -95,7 +93,7 @@ class FleetMCPTools:
         original returned them)."""
         from fleetenv.adapters.openenv.types import ListToolsAction
 
-        tools = await _on_loop(self._router.alist_tools)
+        tools = await runtime.current().call_async(self._router.alist_tools)
         return ListToolsAction(tools=[tool.openai() for tool in tools])
 
     async def call_tool(self, name: str, args: dict[str, Any] | None = None) -> Any:
@@ -104,7 +102,7 @@ class FleetMCPTools:
         tool raises ``ToolNotFoundError`` (also a ``ValueError``, as in the original); a
         call without an answer ``ToolCallError``."""
         try:
-            result = await _on_loop(functools.partial(
+            result = await runtime.current().call_async(functools.partial(
                 self._router.acall, name, args or {}, timeout_s=self.call_deadline_s))
         except ToolNotFoundError as exc:
             context: dict[str, Any] = dict(exc.context)
@@ -117,7 +115,7 @@ class FleetMCPTools:
         self._router.close()
 
     async def close_async(self) -> None:
-        await _on_loop(self._router.aclose)
+        await runtime.current().call_async(self._router.aclose)
 
 
 class FleetEnvClient:
@@ -168,9 +166,9 @@ class FleetEnvClient:
                                **kwargs: Any) -> tuple[FleetEnvClient, FleetMCPTools | None]:
         """``from_fleet`` without blocking the caller's loop; ``skip_mcp=True`` returns
         no tools (the original's browser-use path)."""
-        client = await run_async(_blocking(
+        client = await runtime.current().run_blocking(
             cls._provision, api_key, env_key, data_key, data_version, image_type, region,
-            ttl_seconds, env_variables, env_version, base_url, session))
+            ttl_seconds, env_variables, env_version, base_url, session)
         return client, None if skip_mcp else client._tools(api_key, kwargs)
 
     @classmethod
@@ -243,7 +241,7 @@ class FleetEnvClient:
                           done=False)
 
     async def reset_async(self) -> StepResult[FleetObservation]:
-        return await run_async(_blocking(self.reset))
+        return await runtime.current().run_blocking(self.reset)
 
     def step(self, action: object) -> StepResult[FleetObservation]:
         """Refused, as tool actions were in the original: agent actions are MCP calls
@@ -272,11 +270,11 @@ class FleetEnvClient:
         return self._manager().query_db(sql, args, name=db_name)
 
     async def describe_db_async(self, db_name: str = "seed") -> dict[str, Any]:
-        return await run_async(_blocking(self.describe_db, db_name))
+        return await runtime.current().run_blocking(self.describe_db, db_name)
 
     async def query_db_async(self, sql: str, args: list[Any] | None = None,
                              db_name: str = "seed") -> dict[str, Any]:
-        return await run_async(_blocking(self.query_db, sql, args, db_name))
+        return await runtime.current().run_blocking(self.query_db, sql, args, db_name)
 
     def close(self) -> None:
         """Delete the instance (idempotent)."""
@@ -287,18 +285,8 @@ class FleetEnvClient:
                 self._session.close()
 
     async def close_async(self) -> None:
-        await run_async(_blocking(self.close))
+        await runtime.current().run_blocking(self.close)
 
     def _manager(self) -> ManagerClient:
         return self._session.manager(self._instance)
 
-
-def _blocking(fn: Callable[..., T], *args: Any) -> Plan[T]:
-    value: T = yield Blocking(fn, args)
-    return value
-
-
-async def _on_loop(fn: Callable[[], Awaitable[T]]) -> T:
-    """Await ``fn()`` on fleetenv's loop thread (where the MCP sessions live) from any
-    event loop; cancelling the caller cancels the loop-side task."""
-    return await runtime.current().call_async(fn)

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from os import PathLike
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
+from fleetenv import runtime
 from fleetenv.adapters.openenv import telemetry
 from fleetenv.adapters.openenv.compat import DropInConfigurationError, env_aliases
 from fleetenv.adapters.openenv.rendering import legacy_value
@@ -40,14 +42,12 @@ from fleetenv.core.types import ListTools, Observation
 from fleetenv.env.actions import SUBMIT_FINAL_ANSWER
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.env.options import EpisodeOptions
-from fleetenv.runtime.plans import Blocking, Plan, run_async
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.adapters.openenv.types import FleetObservation, FleetState, StepResult
 
 __all__ = ["FleetTaskEnv", "make_fleet_task_env"]
 
-T = TypeVar("T")
 StepTuple = tuple[dict[str, Any], "float | None", bool, dict[str, Any]]
 
 #: What the original answered for ``submit_final_answer`` (a local tool).
@@ -168,15 +168,34 @@ class FleetTaskEnv:
         return [cls(task, **kwargs) for task in load_tasks(path)]
 
     # ------------------------------------------------------------------ the original's attributes
+    # Read-only views of the FleetEnv's state (assigning to one raises).
 
     @property
     def env(self) -> FleetEnv:
         """The underlying :class:`fleetenv.FleetEnv`."""
         return self._env
 
-    @property
-    def task(self) -> dict[str, Any]:
-        return self.task_config
+    task = property(attrgetter("task_config"))
+    partial_reward = property(attrgetter("_env.options.partial_reward"), doc=(
+        "Whether a 0.0 score is replaced by the verifier's partial score (default: the "
+        "task's ``metadata[\"partial_reward\"]``, else off, as in the original)."))
+    ttl_seconds = property(attrgetter("_env.options.ttl_seconds"))
+    max_steps = property(attrgetter("_env.options.max_steps"))
+    request_timeout_s = property(attrgetter("_env.config.timeouts.call"))
+    reset_timeout_s = property(attrgetter("_env.config.timeouts.reset"))
+    task_key = property(attrgetter("_env.task.key"))
+    prompt = property(attrgetter("_env.task.prompt"))
+    env_key = property(attrgetter("_env.task.env_key"))
+    env_version = property(attrgetter("_env.task.env_version"))
+    instance_id = property(attrgetter("_env.instance_id"))
+    root_url = property(attrgetter("_env.root_url"))
+    region = property(attrgetter("_env.region"), doc=(
+        "The region Fleet reports for the instance, as fleet-python's ``env.region``."))
+    tools = property(attrgetter("_env.openai_tools"))
+    verifier_stdout = property(lambda self: getattr(self._env.grade, "stdout", None))
+    verifier_error = property(lambda self: getattr(self._env.grade, "error", None))
+    last_verifier_execution_id = property(
+        lambda self: getattr(self._env.grade, "execution_id", None))
 
     @property
     def api_key(self) -> str | None:
@@ -184,82 +203,12 @@ class FleetTaskEnv:
         return key.get_secret_value() if key is not None else None
 
     @property
-    def partial_reward(self) -> bool:
-        """Whether a 0.0 score is replaced by the verifier's partial score (default:
-        the task's ``metadata["partial_reward"]``, else off, as in the original)."""
-        return self._env.options.partial_reward
-
-    @property
-    def ttl_seconds(self) -> int:
-        return self._env.options.ttl_seconds
-
-    @property
-    def max_steps(self) -> int:
-        return self._env.options.max_steps
-
-    @property
-    def request_timeout_s(self) -> float:
-        return self._env.config.timeouts.call
-
-    @property
-    def reset_timeout_s(self) -> float:
-        return self._env.config.timeouts.reset
-
-    @property
-    def task_key(self) -> str:
-        return self._env.task.key
-
-    @property
-    def prompt(self) -> str:
-        return self._env.task.prompt
-
-    @property
     def modality(self) -> str:
         return str(self._env.task.modality)
 
     @property
-    def env_key(self) -> str:
-        return self._env.task.env_key
-
-    @property
-    def env_version(self) -> str | None:
-        return self._env.task.env_version
-
-    @property
-    def instance_id(self) -> str | None:
-        return self._env.instance_id
-
-    @property
-    def root_url(self) -> str | None:
-        return self._env.root_url
-
-    @property
-    def region(self) -> str | None:
-        """The region Fleet reports for the instance, as fleet-python's ``env.region``."""
-        return self._env.region
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        return self._env.openai_tools
-
-    @property
-    def verifier_stdout(self) -> str | None:
-        grade = self._env.grade
-        return grade.stdout if grade else None
-
-    @property
-    def verifier_error(self) -> str | None:
-        grade = self._env.grade
-        return grade.error if grade else None
-
-    @property
     def tool_errors_list(self) -> list[str]:
         return list(self._env.stats.tool_error_messages)
-
-    @property
-    def last_verifier_execution_id(self) -> str | None:
-        grade = self._env.grade
-        return grade.execution_id if grade else None
 
     # The private state SkyRL and Tinker read directly: read-only views of the real one.
 
@@ -278,21 +227,10 @@ class FleetTaskEnv:
         return OrchestratorView(FleetEnvHandleView(instance_id, InstanceUrls(root),
                                                    self._env.region))
 
-    @property
-    def _last_verifier_execution_id(self) -> str | None:
-        return self.last_verifier_execution_id
-
-    @property
-    def _step_count(self) -> int:
-        return self._env.stats.turns
-
-    @property
-    def _submitted_answer(self) -> str | None:
-        return self._env.final_answer
-
-    @property
-    def _tools(self) -> list[dict[str, Any]] | None:
-        return self._env.openai_tools or None
+    _last_verifier_execution_id = last_verifier_execution_id
+    _step_count = property(attrgetter("_env.stats.turns"))
+    _submitted_answer = property(attrgetter("_env.final_answer"))
+    _tools = property(lambda self: self._env.openai_tools or None)
 
     # ------------------------------------------------------------------ episode
 
@@ -361,11 +299,11 @@ class FleetTaskEnv:
         return self._env.query_db(sql, args, name=db_name)
 
     async def describe_db_async(self, db_name: str = "seed") -> dict[str, Any]:
-        return await run_async(_blocking(self.describe_db, db_name))
+        return await runtime.current().run_blocking(self.describe_db, db_name)
 
     async def query_db_async(self, sql: str, args: list[Any] | None = None,
                              db_name: str = "seed") -> dict[str, Any]:
-        return await run_async(_blocking(self.query_db, sql, args, db_name))
+        return await runtime.current().run_blocking(self.query_db, sql, args, db_name)
 
     # ------------------------------------------------------------------ OpenEnv types
 
@@ -492,11 +430,6 @@ def _as_step_result(obs: dict[str, Any], reward: float | None, done: bool,
 
     observation = FleetObservation(**obs, done=done, reward=reward, metadata=info)
     return StepResult(observation=observation, reward=reward, done=done)
-
-
-def _blocking(fn: Callable[..., T], *args: Any) -> Plan[T]:
-    value: T = yield Blocking(fn, args)
-    return value
 
 
 def _timeouts(**values: float | None) -> dict[str, Any]:

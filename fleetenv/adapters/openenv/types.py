@@ -33,67 +33,50 @@ __all__ = [
 
 ObsT = TypeVar("ObsT")
 
-if TYPE_CHECKING:  # pragma: no cover - mypy sees the stand-ins' shapes
 
-    class Action(BaseModel):
-        metadata: dict[str, Any] = Field(default_factory=dict)
-
-    class Observation(BaseModel):
-        done: bool = False
-        reward: bool | int | float | None = None
-        metadata: dict[str, Any] = Field(default_factory=dict)
-
-    class State(BaseModel):
-        episode_id: str | None = None
-        step_count: int = 0
-
-    @dataclass
-    class StepResult(Generic[ObsT]):
-        observation: ObsT
-        reward: float | None = None
-        done: bool = False
-
-    OPENENV_AVAILABLE: bool
-else:
+OPENENV_AVAILABLE = False
+if not TYPE_CHECKING:  # mypy checks against the stand-ins (openenv-core is untyped)
     try:
         from openenv.core.client_types import StepResult
         from openenv.core.env_server.types import Action, Observation, State
 
         OPENENV_AVAILABLE = True
     except ImportError:
-        OPENENV_AVAILABLE = False
+        pass
 
-        class Action(BaseModel):
-            """Stand-in for ``openenv.core.env_server.types.Action``."""
+if TYPE_CHECKING or not OPENENV_AVAILABLE:
 
-            model_config = ConfigDict(extra="forbid", validate_assignment=True,
-                                      arbitrary_types_allowed=True)
-            metadata: dict[str, Any] = Field(default_factory=dict)
+    class Action(BaseModel):
+        """Stand-in for ``openenv.core.env_server.types.Action``."""
 
-        class Observation(BaseModel):
-            """Stand-in for ``openenv.core.env_server.types.Observation``."""
+        model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                                  arbitrary_types_allowed=True)
+        metadata: dict[str, Any] = Field(default_factory=dict)
 
-            model_config = ConfigDict(extra="forbid", validate_assignment=True,
-                                      arbitrary_types_allowed=True)
-            done: bool = False
-            reward: bool | int | float | None = None
-            metadata: dict[str, Any] = Field(default_factory=dict)
+    class Observation(BaseModel):
+        """Stand-in for ``openenv.core.env_server.types.Observation``."""
 
-        class State(BaseModel):
-            """Stand-in for ``openenv.core.env_server.types.State``."""
+        model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                                  arbitrary_types_allowed=True)
+        done: bool = False
+        reward: bool | int | float | None = None
+        metadata: dict[str, Any] = Field(default_factory=dict)
 
-            model_config = ConfigDict(extra="allow", validate_assignment=True,
-                                      arbitrary_types_allowed=True)
-            episode_id: str | None = None
-            step_count: int = Field(default=0, ge=0)
+    class State(BaseModel):
+        """Stand-in for ``openenv.core.env_server.types.State``."""
 
-        @dataclass
-        class StepResult(Generic[ObsT]):
-            """Stand-in for ``openenv.core.client_types.StepResult``."""
+        model_config = ConfigDict(extra="allow", validate_assignment=True,
+                                  arbitrary_types_allowed=True)
+        episode_id: str | None = None
+        step_count: int = Field(default=0, ge=0)
 
-            observation: ObsT
-            reward: float | None = None
-            done: bool = False
+    @dataclass
+    class StepResult(Generic[ObsT]):
+        """Stand-in for ``openenv.core.client_types.StepResult``."""
+
+        observation: ObsT
+        reward: float | None = None
+        done: bool = False
 
 
 class FleetAction(Action):
