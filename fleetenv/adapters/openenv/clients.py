@@ -1,14 +1,10 @@
 """``FleetEnvClient`` and ``FleetMCPTools``: the original's two lower-level handles.
 
-OpenEnv's Fleet client split an instance into an orchestrator (``FleetEnvClient``, the
-instance's manager API: reset, databases) and the agent's tools (``FleetMCPTools``, MCP
-list / call over one or two endpoints); ``FleetEnvClient.from_fleet()`` provisioned an
-instance and returned both. Same surface here, on fleetenv's parts: provisioning and
-deletion by the session's :class:`~fleetenv.fleet.provisioning.Provisioner` (typed
-retries, the instance registered for cleanup), the manager API by
-:class:`~fleetenv.fleet.manager.ManagerClient` (a timeout per call), and MCP by one
-:class:`~fleetenv.mcp.router.ToolRouter` (one persistent session per endpoint, on
-fleetenv's loop thread) instead of a new session per operation and blind retries.
+The orchestrator (an instance's manager API: reset, databases, deletion) and the agent's
+tools (MCP list / call over one or two endpoints), on fleetenv's parts: the session's
+provisioner, :class:`~fleetenv.fleet.manager.ManagerClient` and one
+:class:`~fleetenv.mcp.router.ToolRouter` (one persistent session per endpoint, a call sent
+once) instead of a session per operation and blind retries.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The previous client's names that ported code relies on besides its classes.
 
-- Its environment variables, read as fleetenv's at the drop-in's first use (once per
-  process; fleetenv's own name wins when both are set, and each alias used is logged
-  once): ``BROWSER_API_BASE_URL`` is ``FLEET_BROWSER_API_URL``; ``FLEET_TEAM_API_KEY``,
-  then ``BROWSER_API_TOKEN``, is ``FLEET_BROWSER_API_KEY`` (both are copied into
-  ``os.environ``, where the browser-lease client reads them); ``FLEET_CALL_TOOL_DEADLINE_S``
-  is the drop-in's tool deadline (``FleetTaskEnv``'s ``request_timeout_s`` and
-  ``FleetMCPTools``' ``call_deadline_s``, when they are not given).
+- Its environment variables (:data:`ENV_ALIASES`, :data:`TOOL_DEADLINE_ENV`), read as
+  fleetenv's at the drop-in's first use, once per process; fleetenv's own name wins, and
+  each alias used is logged once (docs/porting.md#environment-variables).
 - ``ValueError`` where the original raised one, so ``except ValueError`` in ported code
-  still catches it: a task config the drop-in cannot read, a malformed
-  ``FLEET_CALL_TOOL_DEADLINE_S``, and an unknown tool in ``FleetMCPTools.call_tool``.
+  still catches it.
 """
 
 from __future__ import annotations

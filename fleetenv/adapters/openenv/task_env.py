@@ -1,24 +1,9 @@
 """``FleetTaskEnv``: OpenEnv's ``envs.fleet_env.FleetTaskEnv``, as SkyRL and Tinker use it.
 
-Swap the import and existing integrations keep working::
-
-    from fleetenv.adapters.openenv import FleetTaskEnv   # was: from envs.fleet_env import ...
-
-    env = FleetTaskEnv(task_config, api_key=..., ttl_seconds=..., max_steps=max_turns)
-    obs = env.reset()                                  # or: await env.reset_async()
-    obs, reward, done, info = env.step({"tool": "search", "params": {...}, "done": False})
-    env.close()
-    env.final_reward, env.verifier_stdout, env.tool_errors_list   # read after close
-
-Underneath is a :class:`fleetenv.FleetEnv`, whose rules hold (docs/porting.md lists what
-differs from the original): ``reward`` is ``None`` (not 0.0) when the grade is unknown.
-
-Observation dicts keep the original's keys: ``prompt``, ``observation``, ``step``, ``task_key``,
-``modality``, ``tools`` (OpenAI format) and, after reset of a computer/browser task,
-``initial_screenshot`` (a list of ``image_url`` parts). ``observation`` is rendered as
-the original did (see ``rendering.py``): a JSON object or list parsed, ``{"error": ...}``
-for a failed call, ``{}`` when nothing ran; fleetenv's typed result is in
-``info["typed_result"]``.
+The original's constructor, methods, attributes, observation dicts and ``info`` keys
+(docs/porting.md) over a :class:`fleetenv.FleetEnv`, whose rules hold: ``reward`` is
+``None`` (not 0.0) when the grade is unknown, and the typed tool result is in
+``info["typed_result"]`` next to the original's rendering (``rendering.py``).
 """
 
 from __future__ import annotations

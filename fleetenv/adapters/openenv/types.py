@@ -1,14 +1,9 @@
 """The drop-in's OpenEnv types: OpenEnv's own classes when ``openenv-core`` is installed.
 
-A user of OpenEnv's generic APIs (``StepResult``, ``Observation``, ``Action``,
-``State``) expects the objects an env hands back to *be* those types. So when the
-optional ``openenv-core`` package is installed (``pip install fleetenv[openenv]``), the
-classes here subclass ``openenv.core.env_server.types.Action`` / ``Observation`` /
-``State``, and ``StepResult`` *is* ``openenv.core.client_types.StepResult``. Without it,
-look-alike bases with the same fields stand in, so nothing here is a hard dependency.
-
-This module is imported on first use only (``fleetenv.adapters.openenv`` resolves these
-names lazily): importing ``openenv.core`` pulls in gradio and takes seconds.
+A user of OpenEnv's generic APIs expects the objects an env hands back to *be* OpenEnv's
+``Action`` / ``Observation`` / ``State`` / ``StepResult``; without the optional
+``openenv-core``, look-alike stand-ins with the same fields take their place. Imported on
+first use only: importing ``openenv.core`` pulls in gradio and takes seconds.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``FleetRLDataset`` and ``FleetRLDatasetBuilder``: Fleet tasks as a Tinker RL dataset.
 
-A batch is ``batch_size`` group builders (one task each, ``group_size`` episodes per
-task, GRPO-style); the tasks are shuffled once per epoch with ``seed``, so a training run
-of ``n_epochs`` sees each task ``n_epochs`` times. The builder is a ``chz`` class like
-the cookbook's own dataset builders, so a training script configures it from the
-command line (``tasks_path=... group_size=8``).
+A batch is ``batch_size`` group builders (one task each), the tasks shuffled once per
+epoch with ``seed``; the builder is a ``chz`` class like the cookbook's own, so a training
+script configures it from the command line.
 """
 
 from __future__ import annotations

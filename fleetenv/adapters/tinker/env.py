@@ -1,33 +1,12 @@
 """One Fleet episode as a tinker-cookbook ``Env``: tokens in, tokens out.
 
-The cookbook's own tool-use envs (``tinker_cookbook.tool_use``, ``EnvFromMessageEnv``)
-let the *renderer* do both ends of the model's format: it writes the tools into the
-prompt (``create_conversation_prefix_with_tools``) and reads the calls back out of the
-sampled tokens (``parse_response``). This env does the same, for the same reasons: the
-renderer knows its model's tool-call format (Qwen's ``<tool_call>``, Kimi, GPT-OSS
-harmony, DeepSeek, ...), prompt and parse then always agree, and the messages
-it parses are the ones it renders for training. The parsed calls go to
-``FleetEnv.step_async`` as one turn (an OpenAI assistant message), so fleetenv runs
-them in order as one step and never parses the text a second time.
-
-What a step does with the model's turn:
-
-- ``stop_reason == "length"`` (the sampler hit ``max_tokens``): the turn is cut, so
-  nothing in it runs; the episode ends and is *graded* on the state the agent left
-  (``stop/max_tokens``). The reward is the grade.
-- a turn that does not end cleanly (no stop token): a structural parse error. The
-  episode ends with ``failed_parse_reward`` (``stop/parse_error``), without grading.
-- a ``<tool_call>`` that does not parse (bad JSON): fleetenv sees the text, records a
-  parse-error turn (event ``TurnParseFailed``, counted in ``fleet/parse_errors``), and
-  the step pays ``failed_parse_reward``; with ``terminate_on_parse_error`` (default, as
-  the cookbook) the episode ends there, else the agent reads the error and goes on.
-- tool calls: run in order; the reply is one tool message per call.
-- no tool call: the text is the final answer (or a no-op, ``no_tool_call="noop"``).
-
-When the episode ends the env closes its FleetEnv at once (the grade is already known),
-so a group's instances are released as each member finishes, not when the slowest does.
-A grade that is unknown (no verifier, verifier error, instance gone) pays
-``unknown_reward`` and ``fleet/reward_unknown`` says so.
+As in the cookbook's own tool-use envs, the *renderer* does both ends of the model's
+format: it writes the tools into the prompt and parses the calls out of the sampled
+tokens, so prompt and parse always agree (Qwen, Kimi, GPT-OSS, DeepSeek...). The parsed
+calls go to ``FleetEnv.step_async`` as one turn, never parsed a second time. What each kind
+of turn does (a cut turn, a parse error, no tool call) and pays: docs/tinker.md. An
+episode that ends closes its FleetEnv at once, so a group's instances are released as
+each member finishes, not when the slowest does.
 """
 
 from __future__ import annotations

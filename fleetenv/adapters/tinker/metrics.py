@@ -1,14 +1,9 @@
 """What an episode tells Tinker: stop reasons, Fleet metrics and verifier logs.
 
-Tinker keeps two channels per transition: ``metrics`` (numbers, averaged in the training
-logs) and ``logs`` (strings, for display). The stop reason is a one-hot metric
-``stop/<reason>`` on the final transition, which the cookbook's rollout loop mirrors
-onto ``Trajectory.stop_reason``; fleetenv's reasons are mapped onto the cookbook's names
-where one means the same thing, so ``TerminationRewardPolicy`` sees the limits it knows.
-
-Per-call tool latency comes from fleetenv's ``ToolCallFinished`` events: a
-:class:`ToolCallTap` sink on the session's event bus records the calls of the rollouts
-it is told to watch (and nothing else), and each step takes its own.
+The stop reason is the one-hot metric ``stop/<reason>`` on the final transition (the
+cookbook mirrors it onto ``Trajectory.stop_reason``), under the cookbook's name where one
+means the same thing, so ``TerminationRewardPolicy`` sees the limits it knows. Per-call
+tool latency comes from ``ToolCallFinished`` events, kept by a :class:`ToolCallTap`.
 """
 
 from __future__ import annotations
