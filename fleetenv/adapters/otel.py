@@ -50,11 +50,8 @@ INSTRUMENTATION_NAME = "fleetenv"
 #: Tool-call outcomes that count as errors (``ToolCallFinished.outcome``).
 _ERROR_OUTCOMES = frozenset({"tool_error", "bad_arguments", "failed"})
 
-_NS = 1_000_000_000
-
-
 def _ns(seconds: float) -> int:
-    return int(seconds * _NS)
+    return int(seconds * 1_000_000_000)
 
 
 @dataclass

@@ -8,6 +8,7 @@ docs/porting.md maps the original's API line by line. The OpenEnv types load on 
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.adapters.openenv.clients import FleetEnvClient, FleetMCPTools
@@ -65,20 +66,14 @@ __all__ = [
     "upload_trace",
 ]
 
-_LAZY_TYPES = frozenset({"CallToolAction", "FleetAction", "FleetObservation", "FleetState",
-                         "ListToolsAction", "StepResult"})
-
-
-_LAZY_SERVER = frozenset({"FleetOpenEnvEnvironment", "FleetServerSettings", "OpenEnvServer"})
+#: Names resolved on first use, by the module that holds them (importing openenv is slow).
+_LAZY = {**dict.fromkeys(("CallToolAction", "FleetAction", "FleetObservation", "FleetState",
+                          "ListToolsAction", "StepResult"), "types"),
+         **dict.fromkeys(("FleetOpenEnvEnvironment", "FleetServerSettings", "OpenEnvServer"),
+                         "server")}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY_TYPES:
-        from fleetenv.adapters.openenv import types
-
-        return getattr(types, name)
-    if name in _LAZY_SERVER:
-        from fleetenv.adapters.openenv import server
-
-        return getattr(server, name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -67,7 +67,7 @@ class FleetMCPTools:
         if headers is None and api_key:
             headers = {"Authorization": f"Bearer {api_key}"}
         if call_deadline_s is None:
-            call_deadline_s = env_aliases().tool_deadline_s or _CALL_DEADLINE_S
+            call_deadline_s = env_aliases() or _CALL_DEADLINE_S
         self.mcp_urls = tuple(mcp_urls)
         self.call_deadline_s = call_deadline_s
         self.max_text_chars = max_text_chars
@@ -180,9 +180,6 @@ class FleetEnvClient:
                                      hint="pass env_key='name' or 'name:version'")
         if env_version is None and ":" in env_key:
             env_key, env_version = env_key.split(":", 1)
-        extra: dict[str, Any] = {}
-        if region is not None:
-            extra["region"] = region
         owns = session is None and (api_key is not None or base_url is not None)
         if session is None:
             session = Session(api_key=api_key, base_url=base_url) if owns else (
@@ -191,7 +188,8 @@ class FleetEnvClient:
         request = ProvisionRequest(env_key=env_key, env_version=env_version,
                                    data_key=data_key, data_version=data_version,
                                    env_variables=dict(env_variables or {}),
-                                   modality=modality, ttl_seconds=ttl_seconds, **extra)
+                                   modality=modality, ttl_seconds=ttl_seconds,
+                                   region=region)
         try:
             instance = session.provisioner.provision(request)
         except Exception:

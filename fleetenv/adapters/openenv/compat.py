@@ -13,7 +13,6 @@ import functools
 import logging
 import math
 import os
-from dataclasses import dataclass
 
 from fleetenv.core.errors import ConfigurationError, ToolNotFoundError
 from fleetenv.fleet.leases import LEASE_API_KEY_ENV, LEASE_API_URL_ENV
@@ -23,7 +22,6 @@ __all__ = [
     "TOOL_DEADLINE_ENV",
     "DropInConfigurationError",
     "DropInToolNotFoundError",
-    "EnvAliases",
     "env_aliases",
 ]
 
@@ -52,18 +50,11 @@ class DropInToolNotFoundError(ToolNotFoundError, ValueError):
     retryable = False
 
 
-@dataclass(frozen=True)
-class EnvAliases:
-    """What the original's environment variables said, as read once."""
-
-    tool_deadline_s: float | None
-    """``FLEET_CALL_TOOL_DEADLINE_S``, or None when it is not set."""
-
-
 @functools.cache
-def env_aliases() -> EnvAliases:
+def env_aliases() -> float | None:
     """Read the original's variables (once per process): copy the browser-lease ones to
-    fleetenv's names where those are unset, and parse the tool deadline."""
+    fleetenv's names where those are unset; return the tool deadline
+    (``FLEET_CALL_TOOL_DEADLINE_S``), or ``None`` when it is not set."""
     for alias, name in ENV_ALIASES:
         value = os.environ.get(alias, "").strip()
         if value and not os.environ.get(name, "").strip():
@@ -71,7 +62,7 @@ def env_aliases() -> EnvAliases:
             logger.info("reading the previous Fleet client's %s as %s", alias, name)
     raw = os.environ.get(TOOL_DEADLINE_ENV, "").strip()
     if not raw:
-        return EnvAliases(tool_deadline_s=None)
+        return None
     try:
         seconds = float(raw)
     except ValueError:
@@ -82,4 +73,4 @@ def env_aliases() -> EnvAliases:
             hint=f"set {TOOL_DEADLINE_ENV} to e.g. 90, or unset it")
     logger.info("reading the previous Fleet client's %s=%g as the drop-in's tool deadline",
                 TOOL_DEADLINE_ENV, seconds)
-    return EnvAliases(tool_deadline_s=seconds)
+    return seconds

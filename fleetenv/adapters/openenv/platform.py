@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from fleetenv import runtime
@@ -41,17 +42,9 @@ class ContextManager:
     def __init__(self, max_output_chars: int = 10000) -> None:
         self._tools = ContextTools(max_output_chars)
 
-    @property
-    def max_output_chars(self) -> int:
-        return self._tools.max_output_chars
-
-    @property
-    def full_history(self) -> list[dict[str, Any]]:
-        return self._tools.full_history
-
-    @property
-    def last_full_output(self) -> str | None:
-        return self._tools.last_full_output
+    max_output_chars = property(attrgetter("_tools.max_output_chars"))
+    full_history = property(attrgetter("_tools.full_history"))
+    last_full_output = property(attrgetter("_tools.last_full_output"))
 
     def reset(self) -> None:
         self._tools.reset()

@@ -20,6 +20,7 @@ from fleetenv import runtime
 from fleetenv.adapters.openenv import telemetry
 from fleetenv.adapters.openenv.compat import DropInConfigurationError, env_aliases
 from fleetenv.adapters.openenv.rendering import legacy_value
+from fleetenv.core.config import resolve_config
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task, select_tasks
@@ -100,16 +101,22 @@ class FleetTaskEnv:
         **fleet_env_kwargs: Any,
     ) -> None:
         task = _as_task(task_config)
-        deadline_s = env_aliases().tool_deadline_s  # and the browser-lease aliases, once
+        deadline_s = env_aliases()  # and the browser-lease aliases, once
         if request_timeout_s is None and fleet_env_kwargs.get("session") is None:
             request_timeout_s = deadline_s  # the original's FLEET_CALL_TOOL_DEADLINE_S
         settings = _timeouts(request_timeout_s=request_timeout_s,
                              reset_timeout_s=reset_timeout_s)
-        connection: dict[str, Any] = {"api_key": api_key, "base_url": base_url}
-        if settings:
-            fleet_env_kwargs["config"] = _config_with(settings, fleet_env_kwargs, api_key,
-                                                      base_url)
-            connection = {}
+        if settings:  # the env's timeouts differ from its session's: a config of its own
+            if fleet_env_kwargs.get("session") is not None:
+                raise ConfigurationError(
+                    "request_timeout_s / reset_timeout_s are settings of the session you "
+                    "passed", hint='set them on the session: Session(timeouts={"call": ..., '
+                    '"reset": ...})')
+            config = fleet_env_kwargs.get("config")
+            if config is None:  # else FleetEnv refuses a config given with a key or URL
+                config = resolve_config(api_key=api_key, base_url=base_url)
+                api_key = base_url = None
+            fleet_env_kwargs["config"] = config.replace(timeouts=settings)
         options = EpisodeOptions.of(fleet_env_kwargs.pop("options", None))
         if options.tool_endpoints is None and fleet_env_kwargs.get("tool_endpoints") is None:
             # The original listed the tools of both endpoints: so does its drop-in.
@@ -117,7 +124,7 @@ class FleetTaskEnv:
         self.task_config = task.to_fleet_dict()
         self._env = FleetEnv(task, options=options, ttl_seconds=ttl_seconds,
                              max_steps=max_steps, partial_reward=partial_reward,
-                             **connection, **fleet_env_kwargs)
+                             api_key=api_key, base_url=base_url, **fleet_env_kwargs)
         #: The chat so far, for judge verifiers that take ``conversation`` (set by the
         #: caller before a step or close, as in the original).
         self.conversation_messages: list[Any] | None = None
@@ -432,23 +439,6 @@ def _timeouts(**values: float | None) -> dict[str, Any]:
                                      "number of seconds", hint=f"e.g. {name}=60")
         settings.update(dict.fromkeys(names[name], float(value)))
     return settings
-
-
-def _config_with(settings: dict[str, Any], kwargs: dict[str, Any], api_key: str | None,
-                 base_url: str | None) -> Any:
-    """The FleetConfig for an env whose ``timeouts`` differ from its session's."""
-    from fleetenv.core.config import resolve_config
-
-    if kwargs.get("session") is not None:
-        raise ConfigurationError(
-            "request_timeout_s / reset_timeout_s are settings of the session you passed",
-            hint='set them on the session: Session(timeouts={"call": ..., "reset": ...})')
-    config = kwargs.pop("config", None)
-    if config is not None:
-        if api_key is not None or base_url is not None:
-            raise ConfigurationError("pass either config= or api_key=/base_url=, not both")
-        return config.replace(timeouts=settings)
-    return resolve_config(api_key=api_key, base_url=base_url, timeouts=settings)
 
 
 def make_fleet_task_env(task_config: Mapping[str, Any] | Task, api_key: str | None = None,

@@ -103,7 +103,7 @@ class FleetTinkerEnv(cb.EnvBase):
         if sampler_stop == "length":
             # Cut mid-turn: run nothing from it, grade what the agent did so far.
             return await self._end(StopReason.ABANDONED, "max_tokens", grade=True,
-                                   turn=_truncated_metrics())
+                                   turn={"max_tokens_reached": 1.0})
         if not termination.is_clean:
             return await self._end(StopReason.INTERRUPTED, "parse_error", grade=False,
                                    turn={"parse_error": 1.0}, reward=self.failed_parse_reward)
@@ -241,8 +241,4 @@ def _reply_messages(observation: Observation) -> list[dict[str, Any]]:
     if not observation.calls and observation.content:
         messages.append({"role": "user", "content": observation.text})
     return messages
-
-
-def _truncated_metrics() -> dict[str, float | int]:
-    return {"max_tokens_reached": 1.0}
 

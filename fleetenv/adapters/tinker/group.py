@@ -108,13 +108,7 @@ class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):
 
     # Pickled without the live parts: a copy sent to a worker makes its own.
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_envs"] = []
-        state["_renderer"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        return {**self.__dict__, "_envs": [], "_renderer": None}
 
     # ---------------------------------------------------------------- EnvGroupBuilder
 
