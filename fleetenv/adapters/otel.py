@@ -50,6 +50,7 @@ INSTRUMENTATION_NAME = "fleetenv"
 #: Tool-call outcomes that count as errors (``ToolCallFinished.outcome``).
 _ERROR_OUTCOMES = frozenset({"tool_error", "bad_arguments", "failed"})
 
+
 def _ns(seconds: float) -> int:
     return int(seconds * 1_000_000_000)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from fleetenv import runtime
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
         ListToolsAction,
         StepResult,
     )
+    from fleetenv.env.fleet_env import FleetEnv
     from fleetenv.fleet.manager import ManagerClient
     from fleetenv.fleet.provisioning import Instance
 
@@ -114,7 +116,30 @@ class FleetMCPTools:
         await runtime.current().call_async(self._router.aclose)
 
 
-class FleetEnvClient:
+class DatabaseMethods:
+    """The original's database methods, on ``_database()`` (a FleetEnv or a manager)."""
+
+    def _database(self) -> FleetEnv | ManagerClient:
+        raise NotImplementedError
+
+    def describe_db(self, db_name: str = "seed") -> dict[str, Any]:
+        """Tables and columns of the instance's ``seed`` (default) or ``current`` db."""
+        return self._database().describe_db(db_name)
+
+    def query_db(self, sql: str, args: list[Any] | None = None,
+                 db_name: str = "seed") -> dict[str, Any]:
+        """Read-only SQL on the instance's ``seed`` (default) or ``current`` db."""
+        return self._database().query_db(sql, args, name=db_name)
+
+    async def describe_db_async(self, db_name: str = "seed") -> dict[str, Any]:
+        return await runtime.current().run_blocking(self.describe_db, db_name)
+
+    async def query_db_async(self, sql: str, args: list[Any] | None = None,
+                             db_name: str = "seed") -> dict[str, Any]:
+        return await runtime.current().run_blocking(self.query_db, sql, args, db_name)
+
+
+class FleetEnvClient(DatabaseMethods):
     """One provisioned instance: its manager API (reset, databases) and deletion.
 
     Build it with :meth:`from_fleet` / :meth:`from_fleet_async`. ``_fleet_env`` is the
@@ -216,13 +241,8 @@ class FleetEnvClient:
         """The instance's fleet-python handle (``instance_id``, ``urls.root``, ``db()``)."""
         return self._instance.env
 
-    @property
-    def instance_id(self) -> str:
-        return self._instance.instance_id
-
-    @property
-    def mcp_urls(self) -> tuple[str, ...]:
-        return self._mcp_urls
+    instance_id = property(attrgetter("_instance.instance_id"))
+    mcp_urls = property(attrgetter("_mcp_urls"))
 
     # ------------------------------------------------------------------ manager API
 
@@ -230,7 +250,7 @@ class FleetEnvClient:
         """Restore the instance's seed state (``POST /reset`` on its manager)."""
         from fleetenv.adapters.openenv.types import FleetObservation, StepResult
 
-        body = self._manager().reset(timeout_s=self._session.config.timeouts.reset)
+        body = self._database().reset(timeout_s=self._session.config.timeouts.reset)
         return StepResult(observation=FleetObservation(metadata=body), reward=None,
                           done=False)
 
@@ -254,22 +274,6 @@ class FleetEnvClient:
                           env_key=instance.env_key, instance_id=instance.instance_id,
                           root_url=instance.root_url, done=instance.deleted)
 
-    def describe_db(self, db_name: str = "seed") -> dict[str, Any]:
-        """Tables and columns of the ``seed`` (default) or ``current`` database."""
-        return self._manager().describe_db(db_name)
-
-    def query_db(self, sql: str, args: list[Any] | None = None,
-                 db_name: str = "seed") -> dict[str, Any]:
-        """Read-only SQL on the ``seed`` (default) or ``current`` database."""
-        return self._manager().query_db(sql, args, name=db_name)
-
-    async def describe_db_async(self, db_name: str = "seed") -> dict[str, Any]:
-        return await runtime.current().run_blocking(self.describe_db, db_name)
-
-    async def query_db_async(self, sql: str, args: list[Any] | None = None,
-                             db_name: str = "seed") -> dict[str, Any]:
-        return await runtime.current().run_blocking(self.query_db, sql, args, db_name)
-
     def close(self) -> None:
         """Delete the instance (idempotent)."""
         try:
@@ -281,6 +285,6 @@ class FleetEnvClient:
     async def close_async(self) -> None:
         await runtime.current().run_blocking(self.close)
 
-    def _manager(self) -> ManagerClient:
+    def _database(self) -> ManagerClient:
         return self._session.manager(self._instance)
 

@@ -16,8 +16,8 @@ from operator import attrgetter
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
-from fleetenv import runtime
 from fleetenv.adapters.openenv import telemetry
+from fleetenv.adapters.openenv.clients import DatabaseMethods
 from fleetenv.adapters.openenv.compat import DropInConfigurationError, env_aliases
 from fleetenv.adapters.openenv.rendering import legacy_value
 from fleetenv.core.config import resolve_config
@@ -66,7 +66,7 @@ class OrchestratorView:
     _fleet_env: FleetEnvHandleView
 
 
-class FleetTaskEnv:
+class FleetTaskEnv(DatabaseMethods):
     """OpenEnv-compatible wrapper: ``reset() -> obs``, ``step(action) -> (obs, reward,
     done, info)``, ``close()``, and the ``*_async`` twins.
 
@@ -183,7 +183,9 @@ class FleetTaskEnv:
     root_url = property(attrgetter("_env.root_url"))
     region = property(attrgetter("_env.region"), doc=(
         "The region Fleet reports for the instance, as fleet-python's ``env.region``."))
+    modality = property(lambda self: str(self._env.task.modality))
     tools = property(attrgetter("_env.openai_tools"))
+    tool_errors_list = property(lambda self: list(self._env.stats.tool_error_messages))
     verifier_stdout = property(lambda self: getattr(self._env.grade, "stdout", None))
     verifier_error = property(lambda self: getattr(self._env.grade, "error", None))
     last_verifier_execution_id = property(
@@ -193,14 +195,6 @@ class FleetTaskEnv:
     def api_key(self) -> str | None:
         key = self._env.config.api_key
         return key.get_secret_value() if key is not None else None
-
-    @property
-    def modality(self) -> str:
-        return str(self._env.task.modality)
-
-    @property
-    def tool_errors_list(self) -> list[str]:
-        return list(self._env.stats.tool_error_messages)
 
     # The private state SkyRL and Tinker read directly: read-only views of the real one.
 
@@ -279,24 +273,6 @@ class FleetTaskEnv:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close_async()
 
-    # ------------------------------------------------------------------ database
-
-    def describe_db(self, db_name: str = "seed") -> dict[str, Any]:
-        """Tables and columns of the instance's ``seed`` (default) or ``current`` db."""
-        return self._env.describe_db(db_name)
-
-    def query_db(self, sql: str, args: list[Any] | None = None,
-                 db_name: str = "seed") -> dict[str, Any]:
-        """Read-only SQL on the ``seed`` (default) or ``current`` db."""
-        return self._env.query_db(sql, args, name=db_name)
-
-    async def describe_db_async(self, db_name: str = "seed") -> dict[str, Any]:
-        return await runtime.current().run_blocking(self.describe_db, db_name)
-
-    async def query_db_async(self, sql: str, args: list[Any] | None = None,
-                             db_name: str = "seed") -> dict[str, Any]:
-        return await runtime.current().run_blocking(self.query_db, sql, args, db_name)
-
     # ------------------------------------------------------------------ OpenEnv types
 
     def state(self) -> FleetState:
@@ -325,6 +301,9 @@ class FleetTaskEnv:
         return _as_step_result(*await self.step_async(action))
 
     # ------------------------------------------------------------------ internals
+
+    def _database(self) -> FleetEnv:
+        return self._env
 
     def _forward_conversation(self) -> None:
         if self.conversation_messages is not None:

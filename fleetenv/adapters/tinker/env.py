@@ -21,7 +21,6 @@ from fleetenv.adapters.tinker.metrics import (
     ToolCallTap,
     episode_logs,
     episode_metrics,
-    stop_metric,
     tinker_stop_reason,
     turn_metrics,
 )
@@ -165,7 +164,7 @@ class FleetTinkerEnv(cb.EnvBase):
         unknown = reward is None and not paid
         env = self.fleet_env
         metrics = {**turn, **episode_metrics(env.stats, env.grade, reward_unknown=unknown),
-                   **stop_metric(reason)}
+                   f"stop/{reason}": 1.0}
         value = self.unknown_reward if reward is None else float(reward)
         return cb.rl_types.StepResult(
             reward=value, episode_done=True, next_observation=cb.tinker.ModelInput.empty(),

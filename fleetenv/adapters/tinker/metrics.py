@@ -16,10 +16,8 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event, ToolCallFinished
 from fleetenv.core.types import StopReason
 
-__all__ = ["STOP_PREFIX", "ToolCallTap", "episode_logs", "episode_metrics", "stop_metric",
-           "tinker_stop_reason", "turn_metrics"]
-
-STOP_PREFIX = "stop/"
+__all__ = ["ToolCallTap", "episode_logs", "episode_metrics", "tinker_stop_reason",
+           "turn_metrics"]
 
 # fleetenv's reason -> the cookbook's StopReason value (tinker_cookbook.rl.types).
 _STOP_NAMES = {
@@ -38,10 +36,6 @@ def tinker_stop_reason(reason: StopReason | str) -> str:
     if isinstance(reason, StopReason):
         return _STOP_NAMES.get(reason, str(reason))
     return reason
-
-
-def stop_metric(reason: str) -> dict[str, float]:
-    return {f"{STOP_PREFIX}{reason}": 1.0}
 
 
 class ToolCallTap:
