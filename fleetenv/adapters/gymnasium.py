@@ -1,49 +1,10 @@
-"""A Fleet task as a ``gymnasium.Env``: text in, text out, a float reward.
+"""A Fleet task as a ``gymnasium.Env``: text observations, a text action, a float reward.
 
-Install the extra (``pip install 'fleetenv[gymnasium]'``), then either::
-
-    import gymnasium
-    import fleetenv.adapters.gymnasium  # registers "fleetenv/Fleet-v0"
-
-    env = gymnasium.make("fleetenv/Fleet-v0", task=task)
-
-or ``FleetGymEnv(task, **options)`` directly. Gymnasium 1.x has no plugin entry points
-(they were removed in 1.0), so the id is registered when this module is imported;
-``gymnasium.make("fleetenv.adapters.gymnasium:fleetenv/Fleet-v0", task=task)`` imports it
-for you.
-
-Why these spaces: an LLM agent reads text and writes a tool call, so the observation is a
-``Dict`` of four texts and the action is one text.
-
-- ``obs["prompt"]``: the task prompt.
-- ``obs["tools"]``: the tools as a JSON array in OpenAI function format.
-- ``obs["messages"]``: a JSON array of the chat messages to append for this observation
-  (the user prompt after ``reset``; ``tool`` messages answering the calls after ``step``).
-- ``obs["text"]``: the same result as plain text.
-
-The action is the model's tool call as JSON text: an OpenAI tool-call dict
-(``{"id", "type": "function", "function": {"name", "arguments"}}``), ``{"name",
-"arguments"}``, a list of either, an assistant message with ``tool_calls``,
-``{"final_answer": "..."}`` or ``{"done": true}``, or the model's raw text in its own
-tool-call format (Hermes/Qwen ``<tool_call>``, Llama 3, Mistral; ``tool_call_format``
-picks one, default auto). Dicts and ``fleetenv.ToolCall`` objects are accepted as they
-are. The action's calls are one turn: they run in order, count once toward
-``max_steps``, and ``obs["messages"]`` answers each with its own ``tool`` message.
-
-Text that is no tool call is not an exception: the agent sees an error observation saying
-what to send, and ``info["parse_error"]`` is set.
-
-Why ``info`` is filtered: Gymnasium's checker (``check_env``) replays a step and demands an
-identical ``info``, and trainers store ``info`` in buffers. Ids and timings (rollout id,
-instance id, verifier execution id, stdout) change from run to run, so they stay out of
-``info`` and live in :attr:`FleetGymEnv.raw_info` (the unfiltered dict of the last call)
-and on :attr:`FleetGymEnv.fleet_env` (``.grade``, ``.stats``).
-
-Why the reward knob: Gymnasium needs a float, and a Fleet grade can be unknown (no
-verifier, verifier error, instance gone), which fleetenv never turns into a silent 0.0.
-``unknown_reward`` (default ``0.0``) is what such an episode pays here; the step's
-``info["reward_unknown"]`` is ``True`` and :attr:`FleetGymEnv.unknown_rewards` counts them,
-so a training run can see how many zeros were not real zeros.
+Importing this module registers ``fleetenv/Fleet-v0`` (Gymnasium 1.x has no plugin entry
+points). One action is one model turn: its tool calls run in order and count once toward
+``max_steps``; text holding no tool call is an error observation, not an exception.
+``info`` keeps only what repeats when an episode is replayed; an unknown grade pays
+``unknown_reward``. docs/gymnasium.md has the spaces, the action forms and the reasons.
 """
 
 from __future__ import annotations
@@ -83,7 +44,8 @@ ENV_ID = "fleetenv/Fleet-v0"
 SAMPLE_CHARSET = string.printable
 
 #: ``info`` keys of ``FleetEnv`` that depend only on what the agent did, so they repeat
-#: exactly when an episode is replayed. Everything else stays in ``raw_info``.
+#: exactly when an episode is replayed (``check_env`` demands an identical ``info``, and
+#: trainers store it). Ids, timings and stdout stay in ``raw_info``.
 _STABLE_INFO_KEYS = frozenset({
     "task_key", "modality", "tools", "step", "tool_name", "tool_error",
     "submitted_answer", "stop_reason", "tool_calls", "tool_errors", "tools_changed",
@@ -113,7 +75,7 @@ class UnicodeText(spaces.Text):
 
 
 class FleetGymEnv(gymnasium.Env[dict[str, Any], str]):
-    """One Fleet task as a Gymnasium environment (see the module docstring).
+    """One Fleet task as a Gymnasium environment (docs/gymnasium.md).
 
     ``task`` is a :class:`fleetenv.Task` or a task dict; ``options`` go to
     :class:`fleetenv.FleetEnv` (``session``, ``api_key``/``base_url``, ``config``,
@@ -124,7 +86,9 @@ class FleetGymEnv(gymnasium.Env[dict[str, Any], str]):
     (``check_env`` does), which a session cannot survive.
 
     ``unknown_reward`` is the float an episode whose grade is unknown pays (default
-    ``0.0``). ``max_text_length`` bounds each observation text (images arrive as data
+    ``0.0``): Gymnasium needs a float, and fleetenv never makes an unknown grade a silent
+    0.0, so the step's ``info["reward_unknown"]`` is ``True`` and :attr:`unknown_rewards`
+    counts such episodes. ``max_text_length`` bounds each observation text (images arrive as data
     URLs inside ``messages``); ``max_action_length`` bounds what ``action_space.sample()``
     draws (``step`` itself accepts any length).
     """
@@ -169,8 +133,7 @@ class FleetGymEnv(gymnasium.Env[dict[str, Any], str]):
         self._turn = 0
         self._episode_parse_errors = 0
         self.raw_info = dict(info)
-        obs = self._render(observation, observation.to_messages())
-        return obs, _stable(info)
+        return _render(observation), _stable(info)
 
     def step(self, action: object
              ) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
@@ -196,8 +159,7 @@ class FleetGymEnv(gymnasium.Env[dict[str, Any], str]):
             reward = self.unknown_reward
         elif terminated or truncated:
             stable["reward_unknown"] = False
-        obs = self._render(observation, observation.to_messages())
-        return obs, float(reward), bool(terminated), bool(truncated), stable
+        return _render(observation), float(reward), bool(terminated), bool(truncated), stable
 
     def close(self) -> None:
         """Grade an unfinished episode, delete the instance; idempotent."""
@@ -205,15 +167,6 @@ class FleetGymEnv(gymnasium.Env[dict[str, Any], str]):
         super().close()
 
     # ------------------------------------------------------------------ helpers
-
-    def _render(self, observation: Observation, messages: list[dict[str, Any]], *,
-                text: str | None = None) -> dict[str, str]:
-        return {
-            "prompt": observation.prompt,
-            "tools": json.dumps(observation.tools, ensure_ascii=False),
-            "messages": json.dumps(messages, ensure_ascii=False),
-            "text": observation.text if text is None else text,
-        }
 
     def _parse_error(self, problem: str
                      ) -> tuple[dict[str, str], float, bool, bool, dict[str, Any]]:
@@ -226,14 +179,21 @@ class FleetGymEnv(gymnasium.Env[dict[str, Any], str]):
                    "to finish.")
         self.raw_info = {"parse_error": problem, "turn": self._turn}
         user = [{"role": "user", "content": [{"type": "text", "text": message}]}]
-        obs = {
-            "prompt": self.fleet_env.task.prompt,
-            "tools": json.dumps(self.fleet_env.openai_tools, ensure_ascii=False),
-            "messages": json.dumps(user, ensure_ascii=False),
-            "text": message,
-        }
+        obs = _texts(self.fleet_env.task.prompt, self.fleet_env.openai_tools, user, message)
         info = {"parse_error": problem, "parse_errors": self._episode_parse_errors}
         return obs, 0.0, False, False, info
+
+
+def _render(observation: Observation) -> dict[str, str]:
+    return _texts(observation.prompt, observation.tools, observation.to_messages(),
+                  observation.text)
+
+
+def _texts(prompt: str, tools: list[dict[str, Any]], messages: list[dict[str, Any]],
+           text: str) -> dict[str, str]:
+    """The observation space's four texts (lists as JSON)."""
+    return {"prompt": prompt, "tools": json.dumps(tools, ensure_ascii=False),
+            "messages": json.dumps(messages, ensure_ascii=False), "text": text}
 
 
 def _stable(info: Mapping[str, Any]) -> dict[str, Any]:

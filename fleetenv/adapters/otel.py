@@ -1,42 +1,12 @@
 """Rollouts as OpenTelemetry traces and metrics: an event sink for ``fleetenv.EventBus``.
 
-Install the extra (``pip install 'fleetenv[otel]'``: ``opentelemetry-api``), configure
-an SDK and exporter as usual (Logfire, Honeycomb, Jaeger, Grafana...), then attach the
-sink to the session's bus::
-
-    from fleetenv.adapters.otel import OtelSink
-
-    session = fleetenv.Session(events=fleetenv.EventBus([OtelSink()]))
-
-Each rollout becomes one span (``fleetenv.rollout``, from ``RolloutStarted`` to
-``RolloutCompleted``) with children: ``fleetenv.provision`` (``InstanceProvisioned``),
-one ``execute_tool <name>`` per tool call (``ToolCallFinished``) and
-``fleetenv.verification`` (``VerificationFinished``). Why the children are back-dated:
-events are reported when something *ended*, with its duration, so each child span
-starts at ``timestamp - duration`` and ends at ``timestamp``; nothing here waits or
-wraps fleetenv's calls, and events replayed from worker processes still draw the right
-timeline. Retries, reset failures and tool-list changes are span events on the rollout.
-
-While fleetenv works for a rollout (inside ``reset``/``step``/``close``), the rollout's
-span is the current span (:meth:`OtelSink.scope`, entered by the event bus), so spans
-that libraries underneath open on fleetenv's loop thread, such as mcp's own ``MCP send
-tools/call``, are children of the rollout instead of separate traces.
-
-The parent of a rollout span is the span that is current in the thread that starts the
-rollout (``env.reset()``), so ``with tracer.start_as_current_span("train step"):``
-around your episodes nests them. Threads do not inherit that context unless the code
-that starts them copies it; where nothing is current, ``parent=`` (a
-``opentelemetry.context.Context``) is used instead. :meth:`OtelSink.context` hands out a
-running rollout's context, to nest your own spans (the model calls of a policy) under it.
-
-Metrics (instruments of the ``fleetenv`` meter): ``fleetenv.tool.duration`` (s, by
-tool, outcome, env), ``fleetenv.tool.errors`` (by tool, outcome, env),
-``fleetenv.rollouts`` (by env, stop reason, grade status), ``fleetenv.rollout.reward``
-(graded rollouts, by env and task), ``fleetenv.provision.duration`` and
-``fleetenv.verification.duration`` (s, by env).
-
-Attributes are ids, names, counts and outcomes; error texts arrive already redacted by
-the events (``fleetenv.core.events``), so no credential reaches a span.
+``session = fleetenv.Session(events=fleetenv.EventBus([OtelSink()]))``: each rollout is a
+``fleetenv.rollout`` span with children for provisioning, each tool call and the
+verification, plus the ``fleetenv`` meter's instruments (docs/opentelemetry.md lists the
+spans, attributes and metrics). Events report what *ended*, with its duration, so the
+children are back-dated (``timestamp - duration``): nothing here waits or wraps
+fleetenv's calls, and events replayed from worker processes still draw the right
+timeline. Error texts arrive redacted by the events, so no credential reaches a span.
 """
 
 from __future__ import annotations
@@ -80,11 +50,9 @@ INSTRUMENTATION_NAME = "fleetenv"
 #: Tool-call outcomes that count as errors (``ToolCallFinished.outcome``).
 _ERROR_OUTCOMES = frozenset({"tool_error", "bad_arguments", "failed"})
 
-_NS = 1_000_000_000
-
 
 def _ns(seconds: float) -> int:
-    return int(seconds * _NS)
+    return int(seconds * 1_000_000_000)
 
 
 @dataclass

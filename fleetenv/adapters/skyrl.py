@@ -1,49 +1,11 @@
 """A Fleet task as a SkyRL-gym text environment: ``skyrl_gym.make("fleetenv", ...)``.
 
-Install the extra (``pip install 'fleetenv[skyrl]'``), import this module once (it
-registers the id ``"fleetenv"``), and name ``env_class: fleetenv`` in SkyRL's dataset::
-
-    import fleetenv.adapters.skyrl  # registers "fleetenv" with skyrl_gym
-    env = skyrl_gym.make("fleetenv", env_config={"tool_call_format": "hermes"},
-                         extras={"task_key": "shop-count-shipped", "max_turns": 8})
-
-How SkyRL drives it, and why the class is built the way it is: SkyRL's generator makes
-one env per trajectory (``extras`` is the dataset row minus its prompt, plus the
-generator's ``max_turns``; ``env_config`` is the ``fleetenv`` section of its
-``skyrl_gym`` config), then calls the *blocking* ``init`` / ``step`` / ``close`` from a
-thread pool (``max_env_workers``), many trajectories at once. fleetenv's blocking API is
-made for exactly that: every env shares the process's one event-loop thread and its
-session's caps, so nothing here starts a loop (``asyncio.run`` per call is what broke
-the previous Fleet wrapper).
-
-- ``init(prompt)`` provisions the instance (``FleetEnv.reset``) and returns the chat to
-  start from: the dataset's messages with the tools rendered into the system message
-  (``FleetEnv.tools_prompt``), and the task prompt as the user message if the dataset
-  gave none.
-- ``step(text)`` hands the model's raw text to ``FleetEnv.step``: one turn, every tool
-  call in it run in order, one chat message per result (role ``tool``; images follow as
-  a ``user`` message). Text that holds an unreadable tool call is an observation telling
-  the model why, never an exception. A turn without tool calls is the final answer
-  (``no_tool_call="final_answer"``, the default) or a no-op (``"noop"``).
-- The episode is done when the agent finishes or ``max_turns`` turns were played; the
-  last step's reward is the grade. SkyRL needs a float, and a Fleet grade can be unknown
-  (no verifier, verifier error, instance gone): such an episode pays ``unknown_reward``
-  (default 0.0), and ``metadata["reward_unknown"]`` / ``get_metrics()`` say so, so a run
-  can count the zeros that were not real zeros.
-- Verifiers that take the ``conversation`` get the chat so far (the prompt, the model's
-  turns, the results), set before every step.
-- ``close()`` grades an episode SkyRL abandoned (context length), closes the MCP
-  sessions and deletes the instance; idempotent, bounded by fleetenv's timeouts. An
-  ``init`` or ``step`` that raises deletes the instance before raising, because SkyRL's
-  generator does not call ``close()`` when they do.
-
-Where settings come from: ``env_config`` holds defaults for every trajectory, ``extras``
-overrides them per row (see :data:`OPTIONS`). Unknown ``env_config`` keys are refused (a
-typo should not be a silent default); unknown ``extras`` keys are ignored (they are the
-dataset's other columns, e.g. ``reward_spec``). The Fleet account comes from
-``FLEET_API_KEY`` / ``FLEET_BASE_URL`` (no key: the embedded local Fleet); an API key in
-the config is refused, because ``skyrl_gym`` keeps both dicts in ``env.spec``, whose repr
-would show it.
+Importing this module registers the id ``"fleetenv"``. SkyRL's generator makes one env
+per trajectory and calls the *blocking* ``init`` / ``step`` / ``close`` from its thread
+pool, many at once: every env shares fleetenv's one loop thread and its session's caps,
+and nothing here starts an event loop. ``env_config`` holds defaults, a row's ``extras``
+override them (:data:`OPTIONS`). docs/skyrl.md has the options, the chat it returns and
+what SkyRL cannot do with Fleet.
 """
 
 from __future__ import annotations
@@ -121,7 +83,7 @@ _task_files_lock = threading.Lock()
 
 
 class FleetTextEnv(BaseTextEnv):  # type: ignore[misc]  # untyped base (Any)
-    """One Fleet task as a SkyRL ``BaseTextEnv`` (see the module docstring).
+    """One Fleet task as a SkyRL ``BaseTextEnv`` (docs/skyrl.md).
 
     ``env_config`` and ``extras`` are what ``skyrl_gym.make`` passes; both may be plain
     dicts or OmegaConf configs. The :class:`fleetenv.FleetEnv` it drives is
@@ -341,6 +303,7 @@ def _options(env_config: Mapping[str, Any] | None,
         raise ConfigurationError(
             f"unknown fleetenv SkyRL option(s) in env_config: {', '.join(unknown)}",
             field=unknown[0], hint=f"known options: {', '.join(OPTIONS)}")
+    # A typo in env_config is refused; extras also hold the row's other columns (reward_spec).
     return {**config, **{k: v for k, v in row.items() if k in OPTIONS}}
 
 

@@ -1,22 +1,13 @@
 """Who may use the OpenEnv server: the Host, Origin and token checks of every request.
 
-Any web page open in the user's browser can reach a server on loopback: a WebSocket is
-not held back by the same-origin policy, and a page whose name is rebound to 127.0.0.1
-(DNS rebinding) is even same-origin. So :class:`AccessGuard` checks every HTTP request
-and every WebSocket handshake (before it is accepted), in this order:
-
-- ``Host`` names this server: the address the connection arrived on, with its port (on
-  loopback, ``localhost`` and every loopback IP too). With a token any ``Host`` passes:
-  a rebound page cannot know the token, and behind a proxy or a container's port mapping
-  clients name the server differently.
-- ``Origin`` is absent (clients that are not browsers: OpenEnv's, ``openenv validate``,
-  verifiers), the server's own (a page it served), or one of ``allowed_origins``.
-- With a token: HTTP Basic auth whose password is the token (any user name). OpenEnv's
-  clients take only a base URL, and send its userinfo that way:
-  ``http://fleetenv:TOKEN@127.0.0.1:8000`` (see :func:`url_with_token`).
-
-A refusal is 403 (Host, Origin) or 401 (token) with a JSON ``detail`` that says what to
-do; a refused WebSocket is never accepted.
+Any web page open in the user's browser can reach a server on loopback (a WebSocket is
+not held back by the same-origin policy, and a name rebound to 127.0.0.1 is even
+same-origin). So :class:`AccessGuard` checks every HTTP request and WebSocket handshake,
+before it is accepted: ``Host`` names this server (any ``Host`` with a token: a rebound
+page cannot know it), ``Origin`` is absent, the server's own or allowed, and the token is
+sent as HTTP Basic auth, the form OpenEnv's URL-only clients use (:func:`url_with_token`).
+A refusal is 403 or 401 with a JSON ``detail`` saying what to do
+(docs/openenv-server.md#who-can-connect).
 """
 
 from __future__ import annotations
@@ -239,7 +230,7 @@ def _authority(text: str, default_port: int | None) -> tuple[str, int | None] | 
     text = text.strip().lower()
     if text.startswith("["):
         name, bracket, rest = text[1:].partition("]")
-        if not bracket or not _is_ip(name):
+        if not bracket or _ip(name) is None:
             return None
     else:
         name, colon, port_text = text.partition(":")
@@ -260,10 +251,6 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return ipaddress.ip_address(text)
     except ValueError:
         return None
-
-
-def _is_ip(text: str) -> bool:
-    return _ip(text) is not None
 
 
 def _is_loopback(text: str) -> bool:

@@ -1,21 +1,18 @@
 """``FleetEnvClient`` and ``FleetMCPTools``: the original's two lower-level handles.
 
-OpenEnv's Fleet client split an instance into an orchestrator (``FleetEnvClient``, the
-instance's manager API: reset, databases) and the agent's tools (``FleetMCPTools``, MCP
-list / call over one or two endpoints); ``FleetEnvClient.from_fleet()`` provisioned an
-instance and returned both. Same surface here, on fleetenv's parts: provisioning and
-deletion by the session's :class:`~fleetenv.fleet.provisioning.Provisioner` (typed
-retries, the instance registered for cleanup), the manager API by
-:class:`~fleetenv.fleet.manager.ManagerClient` (a timeout per call), and MCP by one
-:class:`~fleetenv.mcp.router.ToolRouter` (one persistent session per endpoint, on
-fleetenv's loop thread) instead of a new session per operation and blind retries.
+The orchestrator (an instance's manager API: reset, databases, deletion) and the agent's
+tools (MCP list / call over one or two endpoints), on fleetenv's parts: the session's
+provisioner, :class:`~fleetenv.fleet.manager.ManagerClient` and one
+:class:`~fleetenv.mcp.router.ToolRouter` (one persistent session per endpoint, a call sent
+once) instead of a session per operation and blind retries.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping, Sequence
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
 
 from fleetenv import runtime
 from fleetenv.adapters.openenv.compat import DropInToolNotFoundError, env_aliases
@@ -25,7 +22,6 @@ from fleetenv.core.tool_results import DEFAULT_MAX_TEXT_CHARS
 from fleetenv.core.types import Modality
 from fleetenv.fleet.session import Session
 from fleetenv.mcp.router import Endpoint, ToolRouter
-from fleetenv.runtime.plans import Blocking, Plan, run_async
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleet import SyncEnv
@@ -36,12 +32,12 @@ if TYPE_CHECKING:  # pragma: no cover
         ListToolsAction,
         StepResult,
     )
+    from fleetenv.env.fleet_env import FleetEnv
     from fleetenv.fleet.manager import ManagerClient
     from fleetenv.fleet.provisioning import Instance
 
 __all__ = ["FleetEnvClient", "FleetMCPTools"]
 
-T = TypeVar("T")
 #: fleet-python's credential headers, sent to MCP endpoints too (as ``FleetEnv`` does).
 _CREDENTIAL_HEADERS = ("Authorization", "X-JWT-Token", "X-Team-ID")
 #: The original's default bound of one tool call.
@@ -73,7 +69,7 @@ class FleetMCPTools:
         if headers is None and api_key:
             headers = {"Authorization": f"Bearer {api_key}"}
         if call_deadline_s is None:
-            call_deadline_s = env_aliases().tool_deadline_s or _CALL_DEADLINE_S
+            call_deadline_s = env_aliases() or _CALL_DEADLINE_S
         self.mcp_urls = tuple(mcp_urls)
         self.call_deadline_s = call_deadline_s
         self.max_text_chars = max_text_chars
@@ -95,7 +91,7 @@ class FleetMCPTools:
         original returned them)."""
         from fleetenv.adapters.openenv.types import ListToolsAction
 
-        tools = await _on_loop(self._router.alist_tools)
+        tools = await runtime.current().call_async(self._router.alist_tools)
         return ListToolsAction(tools=[tool.openai() for tool in tools])
 
     async def call_tool(self, name: str, args: dict[str, Any] | None = None) -> Any:
@@ -104,7 +100,7 @@ class FleetMCPTools:
         tool raises ``ToolNotFoundError`` (also a ``ValueError``, as in the original); a
         call without an answer ``ToolCallError``."""
         try:
-            result = await _on_loop(functools.partial(
+            result = await runtime.current().call_async(functools.partial(
                 self._router.acall, name, args or {}, timeout_s=self.call_deadline_s))
         except ToolNotFoundError as exc:
             context: dict[str, Any] = dict(exc.context)
@@ -117,10 +113,33 @@ class FleetMCPTools:
         self._router.close()
 
     async def close_async(self) -> None:
-        await _on_loop(self._router.aclose)
+        await runtime.current().call_async(self._router.aclose)
 
 
-class FleetEnvClient:
+class DatabaseMethods:
+    """The original's database methods, on ``_database()`` (a FleetEnv or a manager)."""
+
+    def _database(self) -> FleetEnv | ManagerClient:
+        raise NotImplementedError
+
+    def describe_db(self, db_name: str = "seed") -> dict[str, Any]:
+        """Tables and columns of the instance's ``seed`` (default) or ``current`` db."""
+        return self._database().describe_db(db_name)
+
+    def query_db(self, sql: str, args: list[Any] | None = None,
+                 db_name: str = "seed") -> dict[str, Any]:
+        """Read-only SQL on the instance's ``seed`` (default) or ``current`` db."""
+        return self._database().query_db(sql, args, name=db_name)
+
+    async def describe_db_async(self, db_name: str = "seed") -> dict[str, Any]:
+        return await runtime.current().run_blocking(self.describe_db, db_name)
+
+    async def query_db_async(self, sql: str, args: list[Any] | None = None,
+                             db_name: str = "seed") -> dict[str, Any]:
+        return await runtime.current().run_blocking(self.query_db, sql, args, db_name)
+
+
+class FleetEnvClient(DatabaseMethods):
     """One provisioned instance: its manager API (reset, databases) and deletion.
 
     Build it with :meth:`from_fleet` / :meth:`from_fleet_async`. ``_fleet_env`` is the
@@ -168,9 +187,9 @@ class FleetEnvClient:
                                **kwargs: Any) -> tuple[FleetEnvClient, FleetMCPTools | None]:
         """``from_fleet`` without blocking the caller's loop; ``skip_mcp=True`` returns
         no tools (the original's browser-use path)."""
-        client = await run_async(_blocking(
+        client = await runtime.current().run_blocking(
             cls._provision, api_key, env_key, data_key, data_version, image_type, region,
-            ttl_seconds, env_variables, env_version, base_url, session))
+            ttl_seconds, env_variables, env_version, base_url, session)
         return client, None if skip_mcp else client._tools(api_key, kwargs)
 
     @classmethod
@@ -186,9 +205,6 @@ class FleetEnvClient:
                                      hint="pass env_key='name' or 'name:version'")
         if env_version is None and ":" in env_key:
             env_key, env_version = env_key.split(":", 1)
-        extra: dict[str, Any] = {}
-        if region is not None:
-            extra["region"] = region
         owns = session is None and (api_key is not None or base_url is not None)
         if session is None:
             session = Session(api_key=api_key, base_url=base_url) if owns else (
@@ -197,7 +213,8 @@ class FleetEnvClient:
         request = ProvisionRequest(env_key=env_key, env_version=env_version,
                                    data_key=data_key, data_version=data_version,
                                    env_variables=dict(env_variables or {}),
-                                   modality=modality, ttl_seconds=ttl_seconds, **extra)
+                                   modality=modality, ttl_seconds=ttl_seconds,
+                                   region=region)
         try:
             instance = session.provisioner.provision(request)
         except Exception:
@@ -224,13 +241,8 @@ class FleetEnvClient:
         """The instance's fleet-python handle (``instance_id``, ``urls.root``, ``db()``)."""
         return self._instance.env
 
-    @property
-    def instance_id(self) -> str:
-        return self._instance.instance_id
-
-    @property
-    def mcp_urls(self) -> tuple[str, ...]:
-        return self._mcp_urls
+    instance_id = property(attrgetter("_instance.instance_id"))
+    mcp_urls = property(attrgetter("_mcp_urls"))
 
     # ------------------------------------------------------------------ manager API
 
@@ -238,12 +250,12 @@ class FleetEnvClient:
         """Restore the instance's seed state (``POST /reset`` on its manager)."""
         from fleetenv.adapters.openenv.types import FleetObservation, StepResult
 
-        body = self._manager().reset(timeout_s=self._session.config.timeouts.reset)
+        body = self._database().reset(timeout_s=self._session.config.timeouts.reset)
         return StepResult(observation=FleetObservation(metadata=body), reward=None,
                           done=False)
 
     async def reset_async(self) -> StepResult[FleetObservation]:
-        return await run_async(_blocking(self.reset))
+        return await runtime.current().run_blocking(self.reset)
 
     def step(self, action: object) -> StepResult[FleetObservation]:
         """Refused, as tool actions were in the original: agent actions are MCP calls
@@ -262,22 +274,6 @@ class FleetEnvClient:
                           env_key=instance.env_key, instance_id=instance.instance_id,
                           root_url=instance.root_url, done=instance.deleted)
 
-    def describe_db(self, db_name: str = "seed") -> dict[str, Any]:
-        """Tables and columns of the ``seed`` (default) or ``current`` database."""
-        return self._manager().describe_db(db_name)
-
-    def query_db(self, sql: str, args: list[Any] | None = None,
-                 db_name: str = "seed") -> dict[str, Any]:
-        """Read-only SQL on the ``seed`` (default) or ``current`` database."""
-        return self._manager().query_db(sql, args, name=db_name)
-
-    async def describe_db_async(self, db_name: str = "seed") -> dict[str, Any]:
-        return await run_async(_blocking(self.describe_db, db_name))
-
-    async def query_db_async(self, sql: str, args: list[Any] | None = None,
-                             db_name: str = "seed") -> dict[str, Any]:
-        return await run_async(_blocking(self.query_db, sql, args, db_name))
-
     def close(self) -> None:
         """Delete the instance (idempotent)."""
         try:
@@ -287,18 +283,8 @@ class FleetEnvClient:
                 self._session.close()
 
     async def close_async(self) -> None:
-        await run_async(_blocking(self.close))
+        await runtime.current().run_blocking(self.close)
 
-    def _manager(self) -> ManagerClient:
+    def _database(self) -> ManagerClient:
         return self._session.manager(self._instance)
 
-
-def _blocking(fn: Callable[..., T], *args: Any) -> Plan[T]:
-    value: T = yield Blocking(fn, args)
-    return value
-
-
-async def _on_loop(fn: Callable[[], Awaitable[T]]) -> T:
-    """Await ``fn()`` on fleetenv's loop thread (where the MCP sessions live) from any
-    event loop; cancelling the caller cancels the loop-side task."""
-    return await runtime.current().call_async(fn)

@@ -1,15 +1,10 @@
 """The previous client's names that ported code relies on besides its classes.
 
-- Its environment variables, read as fleetenv's at the drop-in's first use (once per
-  process; fleetenv's own name wins when both are set, and each alias used is logged
-  once): ``BROWSER_API_BASE_URL`` is ``FLEET_BROWSER_API_URL``; ``FLEET_TEAM_API_KEY``,
-  then ``BROWSER_API_TOKEN``, is ``FLEET_BROWSER_API_KEY`` (both are copied into
-  ``os.environ``, where the browser-lease client reads them); ``FLEET_CALL_TOOL_DEADLINE_S``
-  is the drop-in's tool deadline (``FleetTaskEnv``'s ``request_timeout_s`` and
-  ``FleetMCPTools``' ``call_deadline_s``, when they are not given).
+- Its environment variables (:data:`ENV_ALIASES`, :data:`TOOL_DEADLINE_ENV`), read as
+  fleetenv's at the drop-in's first use, once per process; fleetenv's own name wins, and
+  each alias used is logged once (docs/porting.md#environment-variables).
 - ``ValueError`` where the original raised one, so ``except ValueError`` in ported code
-  still catches it: a task config the drop-in cannot read, a malformed
-  ``FLEET_CALL_TOOL_DEADLINE_S``, and an unknown tool in ``FleetMCPTools.call_tool``.
+  still catches it.
 """
 
 from __future__ import annotations
@@ -18,7 +13,6 @@ import functools
 import logging
 import math
 import os
-from dataclasses import dataclass
 
 from fleetenv.core.errors import ConfigurationError, ToolNotFoundError
 from fleetenv.fleet.leases import LEASE_API_KEY_ENV, LEASE_API_URL_ENV
@@ -28,7 +22,6 @@ __all__ = [
     "TOOL_DEADLINE_ENV",
     "DropInConfigurationError",
     "DropInToolNotFoundError",
-    "EnvAliases",
     "env_aliases",
 ]
 
@@ -57,18 +50,11 @@ class DropInToolNotFoundError(ToolNotFoundError, ValueError):
     retryable = False
 
 
-@dataclass(frozen=True)
-class EnvAliases:
-    """What the original's environment variables said, as read once."""
-
-    tool_deadline_s: float | None
-    """``FLEET_CALL_TOOL_DEADLINE_S``, or None when it is not set."""
-
-
 @functools.cache
-def env_aliases() -> EnvAliases:
+def env_aliases() -> float | None:
     """Read the original's variables (once per process): copy the browser-lease ones to
-    fleetenv's names where those are unset, and parse the tool deadline."""
+    fleetenv's names where those are unset; return the tool deadline
+    (``FLEET_CALL_TOOL_DEADLINE_S``), or ``None`` when it is not set."""
     for alias, name in ENV_ALIASES:
         value = os.environ.get(alias, "").strip()
         if value and not os.environ.get(name, "").strip():
@@ -76,7 +62,7 @@ def env_aliases() -> EnvAliases:
             logger.info("reading the previous Fleet client's %s as %s", alias, name)
     raw = os.environ.get(TOOL_DEADLINE_ENV, "").strip()
     if not raw:
-        return EnvAliases(tool_deadline_s=None)
+        return None
     try:
         seconds = float(raw)
     except ValueError:
@@ -87,4 +73,4 @@ def env_aliases() -> EnvAliases:
             hint=f"set {TOOL_DEADLINE_ENV} to e.g. 90, or unset it")
     logger.info("reading the previous Fleet client's %s=%g as the drop-in's tool deadline",
                 TOOL_DEADLINE_ENV, seconds)
-    return EnvAliases(tool_deadline_s=seconds)
+    return seconds

@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from fleetenv import runtime
 from fleetenv.core.errors import FleetEnvError, TraceUploadError
 from fleetenv.env.context_tools import CONTEXT_TOOL_NAMES, CONTEXT_TOOLS, ContextTools
+from fleetenv.fleet.session import Session
 
 __all__ = [
     "CONTEXT_TOOLS",
@@ -40,17 +42,9 @@ class ContextManager:
     def __init__(self, max_output_chars: int = 10000) -> None:
         self._tools = ContextTools(max_output_chars)
 
-    @property
-    def max_output_chars(self) -> int:
-        return self._tools.max_output_chars
-
-    @property
-    def full_history(self) -> list[dict[str, Any]]:
-        return self._tools.full_history
-
-    @property
-    def last_full_output(self) -> str | None:
-        return self._tools.last_full_output
+    max_output_chars = property(attrgetter("_tools.max_output_chars"))
+    full_history = property(attrgetter("_tools.full_history"))
+    last_full_output = property(attrgetter("_tools.last_full_output"))
 
     def reset(self) -> None:
         self._tools.reset()
@@ -80,16 +74,6 @@ class ContextManager:
         return reply.text, history
 
 
-# ---------------------------------------------------------------------- sessions
-
-def _session_for(api_key: str | None) -> Any:
-    """The shared session of an API key for the module-level functions; ``None``:
-    ``FLEET_API_KEY``, or the embedded local Fleet."""
-    from fleetenv.fleet.session import Session
-
-    return Session.shared(api_key=api_key)
-
-
 # ---------------------------------------------------------------------- traces
 
 async def create_trace_job(api_key: str, name: str, *, jobs_url: str | None = None) -> str:
@@ -98,7 +82,7 @@ async def create_trace_job(api_key: str, name: str, *, jobs_url: str | None = No
     that serves trace jobs when it is not the Fleet base URL."""
     from fleetenv.fleet.traces import TraceClient
 
-    client = TraceClient(_session_for(api_key), jobs_url=jobs_url)
+    client = TraceClient(Session.shared(api_key=api_key), jobs_url=jobs_url)
     return await runtime.current().run_blocking(client.create_job, name)
 
 
@@ -112,7 +96,7 @@ async def upload_trace(api_key: str, job_id: str, task_key: str, model: str,
     original). Images stay inline (capped), not rewritten to a bucket."""
     from fleetenv.fleet.traces import TraceClient, trace_body
 
-    client = TraceClient(_session_for(api_key))
+    client = TraceClient(Session.shared(api_key=api_key))
     try:
         body = trace_body(chat_history, job_id=job_id, task_key=task_key, model=model,
                           reward=reward, instance_id=instance_id,
@@ -137,7 +121,7 @@ class TaskEvaluator:
                  poll_interval_s: float = 10, max_poll_time_s: float = 1800) -> None:
         from fleetenv.fleet.evaluator import Evaluator
 
-        self._evaluator = Evaluator(session=_session_for(api_key), k=k_rollouts,
+        self._evaluator = Evaluator(session=Session.shared(api_key=api_key), k=k_rollouts,
                                     models=models, max_steps=max_steps,
                                     poll_interval_s=poll_interval_s,
                                     timeout_s=max_poll_time_s)

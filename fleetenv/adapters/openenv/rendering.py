@@ -1,13 +1,8 @@
-"""How the drop-in shows a tool result: the value OpenEnv's ``FleetTaskEnv`` put in
-``obs["observation"]``.
+"""How the drop-in shows a tool result: the original's ``obs["observation"]``.
 
-Code written against it expects three things, and gets them here: a JSON object or list
-printed by the tool arrives *parsed* (``obs["observation"]["rows"]`` works), a failed call
-arrives as ``{"error": message}``, and a result with images arrives as chat content parts.
-Any other text is kept exactly as the tool returned it (``"null"`` stays ``"null"``,
-``"007"`` stays a string), blocks keep their order, and the typed
-:class:`~fleetenv.core.tool_results.ToolResult` stays available next to this rendering
-(``info["typed_result"]``).
+A JSON object or list the tool printed arrives parsed, a failed call as
+``{"error": message}``, images as chat content parts; any other text exactly as returned
+(``"null"`` stays ``"null"``). The typed result stays in ``info["typed_result"]``.
 """
 
 from __future__ import annotations

@@ -1,45 +1,12 @@
 """Fleet tasks as an OpenEnv *server* environment: any OpenEnv client can play them.
 
-``openenv-core``'s HTTP server (``create_app``) hosts one :class:`FleetOpenEnvEnvironment`
-per WebSocket session; each environment drives one :class:`fleetenv.FleetEnv`, so every
-OpenEnv session gets its own Fleet instance, deleted when the session closes (the client
-disconnects, sends ``close``, or stays idle past ``session_timeout_s``). All sessions
-share one :class:`fleetenv.Session`, so fleetenv's caps (``max_live_instances``,
-``max_creating_instances``) hold across them; the server refuses sessions past
-``max_sessions`` with OpenEnv's ``CAPACITY_REACHED`` error.
-
-Run it with ``fleetenv serve openenv`` (or ``fleetenv serve --openenv``), or in-process
-with :class:`OpenEnvServer` (uvicorn in a thread) or :func:`create_fleet_app` (the
-FastAPI app to run yourself). Either way the app refuses web pages of other sites and
-DNS-rebound names, and can require a token (:mod:`fleetenv.adapters.openenv.access`).
-
-What a client sends (``FleetServerAction``, one model for all forms, told apart by
-``type``, which may be left out):
-
-- ``{"type": "call_tool", "tool_name": ..., "arguments": {...}}``: one tool call. This
-  is OpenEnv's own ``CallToolAction`` shape, so ``MCPToolClient.call_tool`` works; the
-  answer is a :class:`FleetCallToolObservation` (OpenEnv's ``CallToolObservation`` plus
-  the text, chat messages and info below).
-- ``{"type": "list_tools"}``: OpenEnv's ``ListToolsAction``; the answer is OpenEnv's
-  ``ListToolsObservation`` (``MCPToolClient.list_tools``). Takes no turn.
-- ``{"type": "turn", "text": ...}`` or ``{"type": "turn", "message": {...}}``: a whole
-  model turn (raw completion text in any format :func:`fleetenv.parse_tool_calls`
-  reads, or an OpenAI assistant message); every tool call in it runs, in order, as one
-  step. A turn without tool calls is the final answer (or a no-op, with
-  ``no_tool_call="noop"``); an unreadable one is a parse-error observation.
-
-``reset`` takes ``task`` (a task key; default: the server's ``--task``, or its only task),
-plus OpenEnv's ``seed`` / ``episode_id`` and FleetEnv's reset ``options``. Resetting the
-same task again restores the instance's seed state; another task replaces the instance.
-
-Why observations carry ``info`` as a field: OpenEnv's wire format drops an observation's
-``metadata`` (``serialize_observation`` excludes it), so what a client needs (stop
-reason, grade status, tool errors) travels in ``info``. ``metadata`` holds the same dict
-for in-process users.
-
-Why the reward can be ``None``: an unknown grade (no verifier, verifier error, instance
-gone) is never a silent 0.0. ``unknown_reward`` (default ``None``) replaces it with a
-float for trainers that need one; ``info["reward_unknown"]`` says when that happened.
+openenv-core's server (``create_fastapi_app``) hosts one :class:`FleetOpenEnvEnvironment`
+per WebSocket session, each driving one :class:`fleetenv.FleetEnv` (its own instance,
+deleted when the session closes); all sessions share one :class:`fleetenv.Session`, so
+its caps hold across them. Every request passes the access guard
+(:mod:`fleetenv.adapters.openenv.access`). docs/openenv-server.md has the actions, the
+observations and how to run it (``fleetenv serve openenv``, :class:`OpenEnvServer`,
+:func:`create_fleet_app`).
 
 Importing this module imports ``openenv-core`` (``pip install 'fleetenv[openenv]'``),
 which takes a few seconds.
@@ -186,6 +153,8 @@ class FleetServerObservation(Observation):  # type: ignore[misc]  # untyped base
     is_error: bool = False
     parse_error: str | None = None
     stop_reason: str | None = None
+    #: What a client needs (stop reason, grade status, tool errors): openenv-core's wire
+    #: format drops ``metadata``, which holds the same dict for in-process users.
     info: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -232,6 +201,7 @@ class FleetServerSettings:
     session: Session
     default_task: str | None = None
     options: EpisodeOptions = dataclasses.field(default_factory=EpisodeOptions)
+    #: What an unknown grade pays; ``None`` sends ``null`` (never a silent 0.0).
     unknown_reward: float | None = None
 
     def __post_init__(self) -> None:
@@ -345,28 +315,23 @@ class FleetOpenEnvEnvironment(Environment):  # type: ignore[misc]  # untyped bas
         if action.type == "list_tools":
             return ListToolsObservation(tools=_openenv_tools(env.openai_tools),
                                         done=env.done, reward=None)
+        sent: object = action.text if action.text is not None else action.message
         if action.type == "call_tool":
             assert action.tool_name is not None  # checked by FleetServerAction
-            observation, reward, terminated, truncated, step_info = env.step(
-                ToolCall(action.tool_name, action.arguments))
-            done = terminated or truncated
-            reward, info = self._reward(reward, done, step_info)
-            return FleetCallToolObservation(
-                tool_name=action.tool_name, result=observation.text,
-                task_key=env.task.key, step=observation.step, text=observation.text,
-                messages=observation.to_messages(), is_error=observation.is_error,
-                stop_reason=info.get("stop_reason"), info=info, metadata=info,
-                done=done, reward=reward)
-        turn: object = action.text if action.text is not None else action.message
-        observation, reward, terminated, truncated, step_info = env.step(turn)
+            sent = ToolCall(action.tool_name, action.arguments)
+        observation, reward, terminated, truncated, step_info = env.step(sent)
         done = terminated or truncated
         reward, info = self._reward(reward, done, step_info)
-        return FleetServerObservation(
-            task_key=env.task.key, prompt=observation.prompt, step=observation.step,
-            text=observation.text, messages=observation.to_messages(),
-            tool_calls=_tool_calls(observation), is_error=observation.is_error,
-            parse_error=observation.parse_error, stop_reason=info.get("stop_reason"),
-            info=info, metadata=info, done=done, reward=reward)
+        shared = {"task_key": env.task.key, "step": observation.step, "text": observation.text,
+                  "messages": observation.to_messages(), "is_error": observation.is_error,
+                  "stop_reason": info.get("stop_reason"), "info": info, "metadata": info,
+                  "done": done, "reward": reward}
+        if action.type == "call_tool":
+            return FleetCallToolObservation(tool_name=action.tool_name,
+                                            result=observation.text, **shared)
+        return FleetServerObservation(prompt=observation.prompt,
+                                      tool_calls=_tool_calls(observation),
+                                      parse_error=observation.parse_error, **shared)
 
     @property
     def state(self) -> FleetServerState:

@@ -1,38 +1,26 @@
 """``FleetTaskEnv``: OpenEnv's ``envs.fleet_env.FleetTaskEnv``, as SkyRL and Tinker use it.
 
-Swap the import and existing integrations keep working::
-
-    from fleetenv.adapters.openenv import FleetTaskEnv   # was: from envs.fleet_env import ...
-
-    env = FleetTaskEnv(task_config, api_key=..., ttl_seconds=..., max_steps=max_turns)
-    obs = env.reset()                                  # or: await env.reset_async()
-    obs, reward, done, info = env.step({"tool": "search", "params": {...}, "done": False})
-    env.close()
-    env.final_reward, env.verifier_stdout, env.tool_errors_list   # read after close
-
-Underneath is a :class:`fleetenv.FleetEnv`, whose rules hold (docs/porting.md lists what
-differs from the original): ``reward`` is ``None`` (not 0.0) when the grade is unknown.
-
-Observation dicts keep the original's keys: ``prompt``, ``observation``, ``step``, ``task_key``,
-``modality``, ``tools`` (OpenAI format) and, after reset of a computer/browser task,
-``initial_screenshot`` (a list of ``image_url`` parts). ``observation`` is rendered as
-the original did (see ``rendering.py``): a JSON object or list parsed, ``{"error": ...}``
-for a failed call, ``{}`` when nothing ran; fleetenv's typed result is in
-``info["typed_result"]``.
+The original's constructor, methods, attributes, observation dicts and ``info`` keys
+(docs/porting.md) over a :class:`fleetenv.FleetEnv`, whose rules hold: ``reward`` is
+``None`` (not 0.0) when the grade is unknown, and the typed tool result is in
+``info["typed_result"]`` next to the original's rendering (``rendering.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from os import PathLike
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from fleetenv.adapters.openenv import telemetry
+from fleetenv.adapters.openenv.clients import DatabaseMethods
 from fleetenv.adapters.openenv.compat import DropInConfigurationError, env_aliases
 from fleetenv.adapters.openenv.rendering import legacy_value
+from fleetenv.core.config import resolve_config
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task, select_tasks
@@ -40,14 +28,12 @@ from fleetenv.core.types import ListTools, Observation
 from fleetenv.env.actions import SUBMIT_FINAL_ANSWER
 from fleetenv.env.fleet_env import FleetEnv
 from fleetenv.env.options import EpisodeOptions
-from fleetenv.runtime.plans import Blocking, Plan, run_async
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.adapters.openenv.types import FleetObservation, FleetState, StepResult
 
 __all__ = ["FleetTaskEnv", "make_fleet_task_env"]
 
-T = TypeVar("T")
 StepTuple = tuple[dict[str, Any], "float | None", bool, dict[str, Any]]
 
 #: What the original answered for ``submit_final_answer`` (a local tool).
@@ -80,7 +66,7 @@ class OrchestratorView:
     _fleet_env: FleetEnvHandleView
 
 
-class FleetTaskEnv:
+class FleetTaskEnv(DatabaseMethods):
     """OpenEnv-compatible wrapper: ``reset() -> obs``, ``step(action) -> (obs, reward,
     done, info)``, ``close()``, and the ``*_async`` twins.
 
@@ -115,16 +101,22 @@ class FleetTaskEnv:
         **fleet_env_kwargs: Any,
     ) -> None:
         task = _as_task(task_config)
-        deadline_s = env_aliases().tool_deadline_s  # and the browser-lease aliases, once
+        deadline_s = env_aliases()  # and the browser-lease aliases, once
         if request_timeout_s is None and fleet_env_kwargs.get("session") is None:
             request_timeout_s = deadline_s  # the original's FLEET_CALL_TOOL_DEADLINE_S
         settings = _timeouts(request_timeout_s=request_timeout_s,
                              reset_timeout_s=reset_timeout_s)
-        connection: dict[str, Any] = {"api_key": api_key, "base_url": base_url}
-        if settings:
-            fleet_env_kwargs["config"] = _config_with(settings, fleet_env_kwargs, api_key,
-                                                      base_url)
-            connection = {}
+        if settings:  # the env's timeouts differ from its session's: a config of its own
+            if fleet_env_kwargs.get("session") is not None:
+                raise ConfigurationError(
+                    "request_timeout_s / reset_timeout_s are settings of the session you "
+                    "passed", hint='set them on the session: Session(timeouts={"call": ..., '
+                    '"reset": ...})')
+            config = fleet_env_kwargs.get("config")
+            if config is None:  # else FleetEnv refuses a config given with a key or URL
+                config = resolve_config(api_key=api_key, base_url=base_url)
+                api_key = base_url = None
+            fleet_env_kwargs["config"] = config.replace(timeouts=settings)
         options = EpisodeOptions.of(fleet_env_kwargs.pop("options", None))
         if options.tool_endpoints is None and fleet_env_kwargs.get("tool_endpoints") is None:
             # The original listed the tools of both endpoints: so does its drop-in.
@@ -132,7 +124,7 @@ class FleetTaskEnv:
         self.task_config = task.to_fleet_dict()
         self._env = FleetEnv(task, options=options, ttl_seconds=ttl_seconds,
                              max_steps=max_steps, partial_reward=partial_reward,
-                             **connection, **fleet_env_kwargs)
+                             api_key=api_key, base_url=base_url, **fleet_env_kwargs)
         #: The chat so far, for judge verifiers that take ``conversation`` (set by the
         #: caller before a step or close, as in the original).
         self.conversation_messages: list[Any] | None = None
@@ -168,98 +160,41 @@ class FleetTaskEnv:
         return [cls(task, **kwargs) for task in load_tasks(path)]
 
     # ------------------------------------------------------------------ the original's attributes
+    # Read-only views of the FleetEnv's state (assigning to one raises).
 
     @property
     def env(self) -> FleetEnv:
         """The underlying :class:`fleetenv.FleetEnv`."""
         return self._env
 
-    @property
-    def task(self) -> dict[str, Any]:
-        return self.task_config
+    task = property(attrgetter("task_config"))
+    partial_reward = property(attrgetter("_env.options.partial_reward"), doc=(
+        "Whether a 0.0 score is replaced by the verifier's partial score (default: the "
+        "task's ``metadata[\"partial_reward\"]``, else off, as in the original)."))
+    ttl_seconds = property(attrgetter("_env.options.ttl_seconds"))
+    max_steps = property(attrgetter("_env.options.max_steps"))
+    request_timeout_s = property(attrgetter("_env.config.timeouts.call"))
+    reset_timeout_s = property(attrgetter("_env.config.timeouts.reset"))
+    task_key = property(attrgetter("_env.task.key"))
+    prompt = property(attrgetter("_env.task.prompt"))
+    env_key = property(attrgetter("_env.task.env_key"))
+    env_version = property(attrgetter("_env.task.env_version"))
+    instance_id = property(attrgetter("_env.instance_id"))
+    root_url = property(attrgetter("_env.root_url"))
+    region = property(attrgetter("_env.region"), doc=(
+        "The region Fleet reports for the instance, as fleet-python's ``env.region``."))
+    modality = property(lambda self: str(self._env.task.modality))
+    tools = property(attrgetter("_env.openai_tools"))
+    tool_errors_list = property(lambda self: list(self._env.stats.tool_error_messages))
+    verifier_stdout = property(lambda self: getattr(self._env.grade, "stdout", None))
+    verifier_error = property(lambda self: getattr(self._env.grade, "error", None))
+    last_verifier_execution_id = property(
+        lambda self: getattr(self._env.grade, "execution_id", None))
 
     @property
     def api_key(self) -> str | None:
         key = self._env.config.api_key
         return key.get_secret_value() if key is not None else None
-
-    @property
-    def partial_reward(self) -> bool:
-        """Whether a 0.0 score is replaced by the verifier's partial score (default:
-        the task's ``metadata["partial_reward"]``, else off, as in the original)."""
-        return self._env.options.partial_reward
-
-    @property
-    def ttl_seconds(self) -> int:
-        return self._env.options.ttl_seconds
-
-    @property
-    def max_steps(self) -> int:
-        return self._env.options.max_steps
-
-    @property
-    def request_timeout_s(self) -> float:
-        return self._env.config.timeouts.call
-
-    @property
-    def reset_timeout_s(self) -> float:
-        return self._env.config.timeouts.reset
-
-    @property
-    def task_key(self) -> str:
-        return self._env.task.key
-
-    @property
-    def prompt(self) -> str:
-        return self._env.task.prompt
-
-    @property
-    def modality(self) -> str:
-        return str(self._env.task.modality)
-
-    @property
-    def env_key(self) -> str:
-        return self._env.task.env_key
-
-    @property
-    def env_version(self) -> str | None:
-        return self._env.task.env_version
-
-    @property
-    def instance_id(self) -> str | None:
-        return self._env.instance_id
-
-    @property
-    def root_url(self) -> str | None:
-        return self._env.root_url
-
-    @property
-    def region(self) -> str | None:
-        """The region Fleet reports for the instance, as fleet-python's ``env.region``."""
-        return self._env.region
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        return self._env.openai_tools
-
-    @property
-    def verifier_stdout(self) -> str | None:
-        grade = self._env.grade
-        return grade.stdout if grade else None
-
-    @property
-    def verifier_error(self) -> str | None:
-        grade = self._env.grade
-        return grade.error if grade else None
-
-    @property
-    def tool_errors_list(self) -> list[str]:
-        return list(self._env.stats.tool_error_messages)
-
-    @property
-    def last_verifier_execution_id(self) -> str | None:
-        grade = self._env.grade
-        return grade.execution_id if grade else None
 
     # The private state SkyRL and Tinker read directly: read-only views of the real one.
 
@@ -278,21 +213,10 @@ class FleetTaskEnv:
         return OrchestratorView(FleetEnvHandleView(instance_id, InstanceUrls(root),
                                                    self._env.region))
 
-    @property
-    def _last_verifier_execution_id(self) -> str | None:
-        return self.last_verifier_execution_id
-
-    @property
-    def _step_count(self) -> int:
-        return self._env.stats.turns
-
-    @property
-    def _submitted_answer(self) -> str | None:
-        return self._env.final_answer
-
-    @property
-    def _tools(self) -> list[dict[str, Any]] | None:
-        return self._env.openai_tools or None
+    _last_verifier_execution_id = last_verifier_execution_id
+    _step_count = property(attrgetter("_env.stats.turns"))
+    _submitted_answer = property(attrgetter("_env.final_answer"))
+    _tools = property(lambda self: self._env.openai_tools or None)
 
     # ------------------------------------------------------------------ episode
 
@@ -349,24 +273,6 @@ class FleetTaskEnv:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close_async()
 
-    # ------------------------------------------------------------------ database
-
-    def describe_db(self, db_name: str = "seed") -> dict[str, Any]:
-        """Tables and columns of the instance's ``seed`` (default) or ``current`` db."""
-        return self._env.describe_db(db_name)
-
-    def query_db(self, sql: str, args: list[Any] | None = None,
-                 db_name: str = "seed") -> dict[str, Any]:
-        """Read-only SQL on the ``seed`` (default) or ``current`` db."""
-        return self._env.query_db(sql, args, name=db_name)
-
-    async def describe_db_async(self, db_name: str = "seed") -> dict[str, Any]:
-        return await run_async(_blocking(self.describe_db, db_name))
-
-    async def query_db_async(self, sql: str, args: list[Any] | None = None,
-                             db_name: str = "seed") -> dict[str, Any]:
-        return await run_async(_blocking(self.query_db, sql, args, db_name))
-
     # ------------------------------------------------------------------ OpenEnv types
 
     def state(self) -> FleetState:
@@ -395,6 +301,9 @@ class FleetTaskEnv:
         return _as_step_result(*await self.step_async(action))
 
     # ------------------------------------------------------------------ internals
+
+    def _database(self) -> FleetEnv:
+        return self._env
 
     def _forward_conversation(self) -> None:
         if self.conversation_messages is not None:
@@ -494,11 +403,6 @@ def _as_step_result(obs: dict[str, Any], reward: float | None, done: bool,
     return StepResult(observation=observation, reward=reward, done=done)
 
 
-def _blocking(fn: Callable[..., T], *args: Any) -> Plan[T]:
-    value: T = yield Blocking(fn, args)
-    return value
-
-
 def _timeouts(**values: float | None) -> dict[str, Any]:
     """The given timeouts as `Timeouts` fields (``request_timeout_s`` bounds a tool call
     and a database query: ``call`` and ``read``); each must be a positive number of
@@ -514,23 +418,6 @@ def _timeouts(**values: float | None) -> dict[str, Any]:
                                      "number of seconds", hint=f"e.g. {name}=60")
         settings.update(dict.fromkeys(names[name], float(value)))
     return settings
-
-
-def _config_with(settings: dict[str, Any], kwargs: dict[str, Any], api_key: str | None,
-                 base_url: str | None) -> Any:
-    """The FleetConfig for an env whose ``timeouts`` differ from its session's."""
-    from fleetenv.core.config import resolve_config
-
-    if kwargs.get("session") is not None:
-        raise ConfigurationError(
-            "request_timeout_s / reset_timeout_s are settings of the session you passed",
-            hint='set them on the session: Session(timeouts={"call": ..., "reset": ...})')
-    config = kwargs.pop("config", None)
-    if config is not None:
-        if api_key is not None or base_url is not None:
-            raise ConfigurationError("pass either config= or api_key=/base_url=, not both")
-        return config.replace(timeouts=settings)
-    return resolve_config(api_key=api_key, base_url=base_url, timeouts=settings)
 
 
 def make_fleet_task_env(task_config: Mapping[str, Any] | Task, api_key: str | None = None,

@@ -1,15 +1,9 @@
 """The original's telemetry names, fed from fleetenv's typed events.
 
-OpenEnv's Fleet client sends 15 named Logfire events, with the task's identity taken from
-a ContextVar. fleetenv emits typed events that carry their identity (``fleetenv.events``).
-``configure_fleet_telemetry()`` translates the second into the first, so dashboards keyed
-on ``fleet_rollout_completed`` or ``fleet_mcp_tool_error`` keep working. Each record goes
-to the ``fleetenv.openenv.telemetry`` logger (message = the original name,
-``record.fleet_attributes`` = its attributes) and to ``handler`` when one is given; with
-``token=`` and Logfire installed, Logfire receives the logger's records. Original names
-with no fleetenv occurrence are listed in ``NO_COUNTERPART``: fleetenv never retries a
-tool call that may have run, and never returns a partial tool list (an expected endpoint
-that fails is an error that names it).
+``configure_fleet_telemetry()`` translates fleetenv's events (which carry their rollout's
+identity) into the original's 15 named Logfire events, so dashboards keyed on
+``fleet_rollout_completed`` keep working; :data:`NO_COUNTERPART` lists the names fleetenv
+has no occurrence for, by design (docs/porting.md#telemetry).
 """
 
 from __future__ import annotations

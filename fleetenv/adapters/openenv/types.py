@@ -1,14 +1,9 @@
 """The drop-in's OpenEnv types: OpenEnv's own classes when ``openenv-core`` is installed.
 
-A user of OpenEnv's generic APIs (``StepResult``, ``Observation``, ``Action``,
-``State``) expects the objects an env hands back to *be* those types. So when the
-optional ``openenv-core`` package is installed (``pip install fleetenv[openenv]``), the
-classes here subclass ``openenv.core.env_server.types.Action`` / ``Observation`` /
-``State``, and ``StepResult`` *is* ``openenv.core.client_types.StepResult``. Without it,
-look-alike bases with the same fields stand in, so nothing here is a hard dependency.
-
-This module is imported on first use only (``fleetenv.adapters.openenv`` resolves these
-names lazily): importing ``openenv.core`` pulls in gradio and takes seconds.
+A user of OpenEnv's generic APIs expects the objects an env hands back to *be* OpenEnv's
+``Action`` / ``Observation`` / ``State`` / ``StepResult``; without the optional
+``openenv-core``, look-alike stand-ins with the same fields take their place. Imported on
+first use only: importing ``openenv.core`` pulls in gradio and takes seconds.
 """
 
 from __future__ import annotations
@@ -33,67 +28,50 @@ __all__ = [
 
 ObsT = TypeVar("ObsT")
 
-if TYPE_CHECKING:  # pragma: no cover - mypy sees the stand-ins' shapes
 
-    class Action(BaseModel):
-        metadata: dict[str, Any] = Field(default_factory=dict)
-
-    class Observation(BaseModel):
-        done: bool = False
-        reward: bool | int | float | None = None
-        metadata: dict[str, Any] = Field(default_factory=dict)
-
-    class State(BaseModel):
-        episode_id: str | None = None
-        step_count: int = 0
-
-    @dataclass
-    class StepResult(Generic[ObsT]):
-        observation: ObsT
-        reward: float | None = None
-        done: bool = False
-
-    OPENENV_AVAILABLE: bool
-else:
+OPENENV_AVAILABLE = False
+if not TYPE_CHECKING:  # mypy checks against the stand-ins (openenv-core is untyped)
     try:
         from openenv.core.client_types import StepResult
         from openenv.core.env_server.types import Action, Observation, State
 
         OPENENV_AVAILABLE = True
     except ImportError:
-        OPENENV_AVAILABLE = False
+        pass
 
-        class Action(BaseModel):
-            """Stand-in for ``openenv.core.env_server.types.Action``."""
+if TYPE_CHECKING or not OPENENV_AVAILABLE:
 
-            model_config = ConfigDict(extra="forbid", validate_assignment=True,
-                                      arbitrary_types_allowed=True)
-            metadata: dict[str, Any] = Field(default_factory=dict)
+    class Action(BaseModel):
+        """Stand-in for ``openenv.core.env_server.types.Action``."""
 
-        class Observation(BaseModel):
-            """Stand-in for ``openenv.core.env_server.types.Observation``."""
+        model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                                  arbitrary_types_allowed=True)
+        metadata: dict[str, Any] = Field(default_factory=dict)
 
-            model_config = ConfigDict(extra="forbid", validate_assignment=True,
-                                      arbitrary_types_allowed=True)
-            done: bool = False
-            reward: bool | int | float | None = None
-            metadata: dict[str, Any] = Field(default_factory=dict)
+    class Observation(BaseModel):
+        """Stand-in for ``openenv.core.env_server.types.Observation``."""
 
-        class State(BaseModel):
-            """Stand-in for ``openenv.core.env_server.types.State``."""
+        model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                                  arbitrary_types_allowed=True)
+        done: bool = False
+        reward: bool | int | float | None = None
+        metadata: dict[str, Any] = Field(default_factory=dict)
 
-            model_config = ConfigDict(extra="allow", validate_assignment=True,
-                                      arbitrary_types_allowed=True)
-            episode_id: str | None = None
-            step_count: int = Field(default=0, ge=0)
+    class State(BaseModel):
+        """Stand-in for ``openenv.core.env_server.types.State``."""
 
-        @dataclass
-        class StepResult(Generic[ObsT]):
-            """Stand-in for ``openenv.core.client_types.StepResult``."""
+        model_config = ConfigDict(extra="allow", validate_assignment=True,
+                                  arbitrary_types_allowed=True)
+        episode_id: str | None = None
+        step_count: int = Field(default=0, ge=0)
 
-            observation: ObsT
-            reward: float | None = None
-            done: bool = False
+    @dataclass
+    class StepResult(Generic[ObsT]):
+        """Stand-in for ``openenv.core.client_types.StepResult``."""
+
+        observation: ObsT
+        reward: float | None = None
+        done: bool = False
 
 
 class FleetAction(Action):

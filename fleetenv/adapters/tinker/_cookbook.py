@@ -9,6 +9,7 @@ then sees plain classes, and at run time they are the cookbook's own ABCs, so
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 from collections.abc import Callable
@@ -98,7 +99,5 @@ def tokenizer_lock(tokenizer: object) -> threading.Lock | None:
 
 def guarded(lock: threading.Lock | None, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` under ``lock`` (if any)."""
-    if lock is None:
-        return fn(*args)
-    with lock:
+    with lock or contextlib.nullcontext():
         return fn(*args)

@@ -1,17 +1,16 @@
 """``FleetRLDataset`` and ``FleetRLDatasetBuilder``: Fleet tasks as a Tinker RL dataset.
 
-A batch is ``batch_size`` group builders (one task each, ``group_size`` episodes per
-task, GRPO-style); the tasks are shuffled once per epoch with ``seed``, so a training run
-of ``n_epochs`` sees each task ``n_epochs`` times. The builder is a ``chz`` class like
-the cookbook's own dataset builders, so a training script configures it from the
-command line (``tasks_path=... group_size=8``).
+A batch is ``batch_size`` group builders (one task each), the tasks shuffled once per
+epoch with ``seed``; the builder is a ``chz`` class like the cookbook's own, so a training
+script configures it from the command line.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleetenv.adapters.tinker import _cookbook as cb
@@ -110,10 +109,7 @@ class FleetRLDatasetBuilder(cb.RLDatasetBuilderBase):
     def _tasks(self) -> list[Task]:
         from fleetenv.core.task_files import bundled_tasks_path, load_tasks
 
-        if self.tasks_path is None:
-            path: Any = bundled_tasks_path()
-        else:
-            path = self.tasks_path
+        path = bundled_tasks_path() if self.tasks_path is None else self.tasks_path
         tasks = [task for task in load_tasks(path)
                  if self.modality is None or task.modality == self.modality]
         if self.task_keys is not None:
@@ -127,26 +123,17 @@ class FleetRLDatasetBuilder(cb.RLDatasetBuilderBase):
             tasks = [by_key[key] for key in self.task_keys]
         return tasks
 
-    def _builder_factory(self, group_size: int) -> _MakeBuilder:
+    def _builder_factory(self, group_size: int) -> Callable[[Task], FleetEnvGroupBuilder]:
         caps = {name: value for name, value in (
             ("max_live_instances", self.max_live_instances),
             ("max_creating_instances", self.max_creating_instances)) if value is not None}
-        return _MakeBuilder({
-            "group_size": group_size, "model_name": self.model_name,
-            "renderer_name": self.renderer_name, "system_prompt": self.system_prompt,
-            "failed_parse_reward": self.failed_parse_reward,
-            "terminate_on_parse_error": self.terminate_on_parse_error,
-            "unknown_reward": self.unknown_reward,
-            "max_trajectory_tokens": self.max_trajectory_tokens,
-            "env_options": EpisodeOptions(max_steps=self.max_steps),
-            "base_url": self.base_url, "fleet_settings": caps})
-
-
-class _MakeBuilder:
-    """A picklable ``task -> FleetEnvGroupBuilder`` (a dataset can be sent to workers)."""
-
-    def __init__(self, settings: Mapping[str, Any]) -> None:
-        self.settings = dict(settings)
-
-    def __call__(self, task: Task) -> FleetEnvGroupBuilder:
-        return FleetEnvGroupBuilder(task, **self.settings)
+        # A partial, not a closure: a dataset may be pickled to rollout workers.
+        return functools.partial(
+            FleetEnvGroupBuilder, group_size=group_size, model_name=self.model_name,
+            renderer_name=self.renderer_name, system_prompt=self.system_prompt,
+            failed_parse_reward=self.failed_parse_reward,
+            terminate_on_parse_error=self.terminate_on_parse_error,
+            unknown_reward=self.unknown_reward,
+            max_trajectory_tokens=self.max_trajectory_tokens,
+            env_options=EpisodeOptions(max_steps=self.max_steps),
+            base_url=self.base_url, fleet_settings=caps)

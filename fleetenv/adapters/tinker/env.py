@@ -1,33 +1,12 @@
 """One Fleet episode as a tinker-cookbook ``Env``: tokens in, tokens out.
 
-The cookbook's own tool-use envs (``tinker_cookbook.tool_use``, ``EnvFromMessageEnv``)
-let the *renderer* do both ends of the model's format: it writes the tools into the
-prompt (``create_conversation_prefix_with_tools``) and reads the calls back out of the
-sampled tokens (``parse_response``). This env does the same, for the same reasons: the
-renderer knows its model's tool-call format (Qwen's ``<tool_call>``, Kimi, GPT-OSS
-harmony, DeepSeek, ...), prompt and parse then always agree, and the messages
-it parses are the ones it renders for training. The parsed calls go to
-``FleetEnv.step_async`` as one turn (an OpenAI assistant message), so fleetenv runs
-them in order as one step and never parses the text a second time.
-
-What a step does with the model's turn:
-
-- ``stop_reason == "length"`` (the sampler hit ``max_tokens``): the turn is cut, so
-  nothing in it runs; the episode ends and is *graded* on the state the agent left
-  (``stop/max_tokens``). The reward is the grade.
-- a turn that does not end cleanly (no stop token): a structural parse error. The
-  episode ends with ``failed_parse_reward`` (``stop/parse_error``), without grading.
-- a ``<tool_call>`` that does not parse (bad JSON): fleetenv sees the text, records a
-  parse-error turn (event ``TurnParseFailed``, counted in ``fleet/parse_errors``), and
-  the step pays ``failed_parse_reward``; with ``terminate_on_parse_error`` (default, as
-  the cookbook) the episode ends there, else the agent reads the error and goes on.
-- tool calls: run in order; the reply is one tool message per call.
-- no tool call: the text is the final answer (or a no-op, ``no_tool_call="noop"``).
-
-When the episode ends the env closes its FleetEnv at once (the grade is already known),
-so a group's instances are released as each member finishes, not when the slowest does.
-A grade that is unknown (no verifier, verifier error, instance gone) pays
-``unknown_reward`` and ``fleet/reward_unknown`` says so.
+As in the cookbook's own tool-use envs, the *renderer* does both ends of the model's
+format: it writes the tools into the prompt and parses the calls out of the sampled
+tokens, so prompt and parse always agree (Qwen, Kimi, GPT-OSS, DeepSeek...). The parsed
+calls go to ``FleetEnv.step_async`` as one turn, never parsed a second time. What each kind
+of turn does (a cut turn, a parse error, no tool call) and pays: docs/tinker.md. An
+episode that ends closes its FleetEnv at once, so a group's instances are released as
+each member finishes, not when the slowest does.
 """
 
 from __future__ import annotations
@@ -42,7 +21,6 @@ from fleetenv.adapters.tinker.metrics import (
     ToolCallTap,
     episode_logs,
     episode_metrics,
-    stop_metric,
     tinker_stop_reason,
     turn_metrics,
 )
@@ -124,7 +102,7 @@ class FleetTinkerEnv(cb.EnvBase):
         if sampler_stop == "length":
             # Cut mid-turn: run nothing from it, grade what the agent did so far.
             return await self._end(StopReason.ABANDONED, "max_tokens", grade=True,
-                                   turn=_truncated_metrics())
+                                   turn={"max_tokens_reached": 1.0})
         if not termination.is_clean:
             return await self._end(StopReason.INTERRUPTED, "parse_error", grade=False,
                                    turn={"parse_error": 1.0}, reward=self.failed_parse_reward)
@@ -186,7 +164,7 @@ class FleetTinkerEnv(cb.EnvBase):
         unknown = reward is None and not paid
         env = self.fleet_env
         metrics = {**turn, **episode_metrics(env.stats, env.grade, reward_unknown=unknown),
-                   **stop_metric(reason)}
+                   f"stop/{reason}": 1.0}
         value = self.unknown_reward if reward is None else float(reward)
         return cb.rl_types.StepResult(
             reward=value, episode_done=True, next_observation=cb.tinker.ModelInput.empty(),
@@ -262,8 +240,4 @@ def _reply_messages(observation: Observation) -> list[dict[str, Any]]:
     if not observation.calls and observation.content:
         messages.append({"role": "user", "content": observation.text})
     return messages
-
-
-def _truncated_metrics() -> dict[str, float | int]:
-    return {"max_tokens_reached": 1.0}
 

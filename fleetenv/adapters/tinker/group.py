@@ -1,18 +1,10 @@
 """``FleetEnvGroupBuilder``: one Fleet task, ``group_size`` episodes, for Tinker.
 
-Why it holds only plain values: the cookbook pickles group builders to send them to
-rollout workers (``set_rollout_executor``), so a builder keeps the task, names and
-numbers, and makes everything heavy (tokenizer, renderer, FleetEnvs, the session) in
-``make_envs()``, in the process that plays the episodes. The Fleet API key is never a
-field: it is read from ``FLEET_API_KEY`` where the episodes run.
-
-Why provisioning happens in ``Env.initial_observation`` and not in ``make_envs``: the
-cookbook's rollout strategies start every member of a group at once (``asyncio.gather``),
-so the group's instances are provisioned concurrently anyway, and all of a process's
-envs share one fleetenv session whose caps (``max_creating_instances``,
-``max_live_instances``) bound how many are created and live at once. A member that is
-never started (``RetryOnFailure`` calls ``make_envs()`` for a whole group to use one)
-costs nothing.
+Why it holds only plain values: the cookbook pickles group builders to rollout workers,
+so the tokenizer, renderer, FleetEnvs and session are made in ``make_envs()``, where the
+episodes run; the API key is never a field (``FLEET_API_KEY`` there). Provisioning
+happens in ``Env.initial_observation``: the cookbook starts a group's members at once, the
+shared session's caps bound them, and a member never started costs nothing.
 """
 
 from __future__ import annotations
@@ -116,13 +108,7 @@ class FleetEnvGroupBuilder(cb.EnvGroupBuilderBase):
 
     # Pickled without the live parts: a copy sent to a worker makes its own.
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_envs"] = []
-        state["_renderer"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        return {**self.__dict__, "_envs": [], "_renderer": None}
 
     # ---------------------------------------------------------------- EnvGroupBuilder
 

@@ -1,14 +1,9 @@
 """What an episode tells Tinker: stop reasons, Fleet metrics and verifier logs.
 
-Tinker keeps two channels per transition: ``metrics`` (numbers, averaged in the training
-logs) and ``logs`` (strings, for display). The stop reason is a one-hot metric
-``stop/<reason>`` on the final transition, which the cookbook's rollout loop mirrors
-onto ``Trajectory.stop_reason``; fleetenv's reasons are mapped onto the cookbook's names
-where one means the same thing, so ``TerminationRewardPolicy`` sees the limits it knows.
-
-Per-call tool latency comes from fleetenv's ``ToolCallFinished`` events: a
-:class:`ToolCallTap` sink on the session's event bus records the calls of the rollouts
-it is told to watch (and nothing else), and each step takes its own.
+The stop reason is the one-hot metric ``stop/<reason>`` on the final transition (the
+cookbook mirrors it onto ``Trajectory.stop_reason``), under the cookbook's name where one
+means the same thing, so ``TerminationRewardPolicy`` sees the limits it knows. Per-call
+tool latency comes from ``ToolCallFinished`` events, kept by a :class:`ToolCallTap`.
 """
 
 from __future__ import annotations
@@ -21,10 +16,8 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import Event, ToolCallFinished
 from fleetenv.core.types import StopReason
 
-__all__ = ["STOP_PREFIX", "ToolCallTap", "episode_logs", "episode_metrics", "stop_metric",
-           "tinker_stop_reason", "turn_metrics"]
-
-STOP_PREFIX = "stop/"
+__all__ = ["ToolCallTap", "episode_logs", "episode_metrics", "tinker_stop_reason",
+           "turn_metrics"]
 
 # fleetenv's reason -> the cookbook's StopReason value (tinker_cookbook.rl.types).
 _STOP_NAMES = {
@@ -43,10 +36,6 @@ def tinker_stop_reason(reason: StopReason | str) -> str:
     if isinstance(reason, StopReason):
         return _STOP_NAMES.get(reason, str(reason))
     return reason
-
-
-def stop_metric(reason: str) -> dict[str, float]:
-    return {f"{STOP_PREFIX}{reason}": 1.0}
 
 
 class ToolCallTap:

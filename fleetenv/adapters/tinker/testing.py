@@ -1,14 +1,9 @@
 """Run the Tinker pipeline with no model and no model hub: for smoke tests and CI.
 
-- :func:`offline_tokenizer` trains a tiny byte-level BPE tokenizer with ChatML's special
-  tokens (what the Qwen renderers need) on a few strings and saves it as a Hugging Face
-  tokenizer directory; pass the directory as ``model_name`` (the cookbook loads local
-  directories without the hub). Byte-level, so any text round-trips exactly.
-- :class:`ReferencePolicy` is a ``TokenCompleter`` that plays each task's reference
-  solution, one tool call per turn, then a short final answer, as tokens the renderer
-  itself produced, so the renderer's ``parse_response`` reads them like a model's.
-
-Needs ``tokenizers`` and ``transformers`` (tinker-cookbook's own dependencies).
+:func:`offline_tokenizer` trains a tiny byte-level BPE tokenizer with ChatML's special
+tokens (a ``model_name`` directory); :class:`ReferencePolicy` replays each task's
+reference solution as tokens the renderer produced. Needs ``tokenizers`` and
+``transformers`` (tinker-cookbook's own dependencies).
 """
 
 from __future__ import annotations
