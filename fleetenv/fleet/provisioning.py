@@ -25,7 +25,7 @@ from fleetenv.core.errors import (
 from fleetenv.core.redaction import register_secret
 from fleetenv.core.retry import Backoff, Deadline, RetryPolicy
 from fleetenv.core.types import Modality
-from fleetenv.fleet.classify import is_rate_limit, provisioning_error
+from fleetenv.fleet.classify import is_rate_limit, never_sent, provisioning_error
 from fleetenv.fleet.deadlines import ProvisioningDeadlineExceeded, deadline_scope
 from fleetenv.fleet.limits import Gate, KeyLimiter
 from fleetenv.fleet.registry import (
@@ -463,23 +463,10 @@ class Provisioner:
         return True
 
 
-def _never_sent(exc: BaseException) -> bool:
-    """True when the create request provably never reached the server (connect failed),
-    so it cannot have created an instance behind our back."""
-    import httpx
-
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, httpx.ConnectError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 def _may_have_created(exc: BaseException) -> bool:
     """False only when the create provably made nothing: it never left this process,
     or the server refused it (a 4xx other than 408 timeout / 409 conflict)."""
-    if _never_sent(exc):
+    if never_sent(exc):
         return False
     from fleet import exceptions as fx
 

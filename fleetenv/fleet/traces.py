@@ -59,7 +59,7 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.redaction import redact_value, register_secret
 from fleetenv.core.retry import Deadline, RetryPolicy
-from fleetenv.fleet.classify import error_detail
+from fleetenv.fleet.classify import error_detail, request_error
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.types import RolloutResult
@@ -70,8 +70,6 @@ __all__ = ["TraceClient", "TraceOptions", "TraceReport", "TraceUploadError",
 
 logger = logging.getLogger("fleetenv.traces")
 
-#: HTTP statuses after which the same upload may succeed later.
-_TRANSIENT = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Errors kept in the report (the count is exact; the texts are samples).
 _KEPT_ERRORS = 20
 #: A turn footer a harness appends to an observation for the model (``[Turn 3/64]``):
@@ -399,13 +397,11 @@ class TraceClient:
                     response = sdk.client.request("POST", path, json=body, base_url=base_url,
                                                   extra_headers={"X-Request-ID": request_id})
                 return response.json()
-            except TraceUploadError:
-                raise
             except DeadlineExceeded as exc:
                 raise TraceUploadError(f"{what} ran out of its {deadline.seconds or 0:g} s budget",
                                        **context) from exc
             except Exception as exc:
-                raise _upload_error(exc, what, context) from exc
+                raise request_error(exc, what, TraceUploadError, **context) from exc
 
         def give_up(exc: Exception, attempts: int) -> Exception:
             return TraceUploadError(f"{what} failed {attempts} time(s) within its "
@@ -437,26 +433,6 @@ def _base_url(value: Any) -> str:
             f"jobs_url is not a base URL: {problem}", field="traces.jobs_url",
             hint='e.g. TraceOptions(job, jobs_url="https://traces.example.com")')
     return str(value).strip().rstrip("/")
-
-
-def _upload_error(exc: Exception, what: str, context: dict[str, Any]) -> TraceUploadError:
-    """Transient (429, 5xx, no answer, timeout) or not, by type and status only."""
-    from fleet import exceptions as fx
-
-    if isinstance(exc, fx.FleetAuthenticationError):
-        return TraceUploadError(f"{what}: Fleet rejected the API key (401)",
-                                hint="check FLEET_API_KEY", **context)
-    if isinstance(exc, fx.FleetRateLimitError | fx.FleetTimeoutError):
-        return TraceUploadError(f"{what}: {error_detail(exc)}", retryable=True, **context)
-    if isinstance(exc, fx.FleetAPIError):
-        status = exc.status_code
-        transient = status is None or status in _TRANSIENT
-        answered = "no answer" if status is None else f"Fleet answered {status}"
-        return TraceUploadError(f"{what}: {answered}: {error_detail(exc)}", retryable=transient,
-                                **context)
-    if isinstance(exc, ValueError):  # an answer that is not the JSON the SDK models expect
-        return TraceUploadError(f"{what}: unexpected answer: {error_detail(exc)}", **context)
-    return TraceUploadError(f"{what}: {error_detail(exc)}", **context)
 
 
 # ----- the background uploader -------------------------------------------------------------
