@@ -326,7 +326,7 @@ class Evaluator:
                 error = request_error(exc, what, EvaluationError, hint=refused, **context)
                 if what == _IMPORTING and error.context.get("status") in ("400", "404", "422"):
                     error = ConfigurationError(error.message, hint="fix the field the "
-                                               "message names", **error.context)
+                                               "message names", **context)
                 raise error from exc
 
     # ------------------------------------------------------------------ the requests
