@@ -1,24 +1,13 @@
-"""The task evaluator: score a task with Fleet's harness jobs, k rollouts per model.
+"""The task evaluator: score a task with Fleet's harness jobs, k rollouts per model
+(docs/evaluate.md).
 
-Fleet runs the agent (a model, in Fleet's harness) on its side; this module only drives
-the job and reads its results, over fleet-python's synchronous client:
-
-1. import the task (``POST /v1/tasks``: prompt, verifier source, environment);
-2. create a harness job for ``k`` rollouts per model (``POST /v1/jobs``);
-3. poll the job (``GET /v1/jobs/{id}``) with backoff until it ends or the deadline passes;
-4. read its sessions (``GET /v1/sessions/job/{id}``) into per-model scores.
-
-The async twin runs the SDK calls on the runtime's pool and pauses on the caller's loop
-(``fleetenv.runtime.plans``). A session without a verifier score is ``None`` (unknown, not
-a grade); a failed or timed-out job raises ``EvaluationFailed`` or ``DeadlineExceeded``
-naming the job and what to do. Polling retries transient answers
-(5xx, 429, timeouts, connection failures) within the deadline; creating the job is
-retried only when Fleet cannot have created it (a 429 or 503 answer, or a connection
-that was never made), so a retry never starts a second job.
-
-On the embedded local Fleet the harness has no LLM: its models are ``"reference"``
-(replays the task's reference solution) and ``"noop"`` (does nothing), see
-``fleetenv.rollouts.harness``.
+Fleet runs the agent on its side; over fleet-python's synchronous client this module
+imports the task (``POST /v1/tasks``), creates a harness job (``POST /v1/jobs``), polls it
+with backoff (``GET /v1/jobs/{id}``) and reads its sessions (``GET /v1/sessions/job/{id}``)
+into per-model scores; the async twin runs the calls on the runtime's pool. A session
+without a verifier score is ``None``, never 0.0. Polls retry transient answers within the
+deadline; creating the job is retried only when Fleet cannot have created it (a 429 or 503
+answer, or a request that never left), so a retry never starts a second job.
 """
 
 from __future__ import annotations
