@@ -297,6 +297,13 @@ def request_error(exc: Exception, what: str, error_cls: type[FleetEnvError], *,
                      **context)
 
 
+def is_gone(exc: BaseException) -> bool:
+    """Did Fleet answer that the instance does not exist (any more)?"""
+    from fleet import exceptions as fx
+
+    return isinstance(exc, fx.FleetAPIError) and exc.status_code in (404, 410)
+
+
 def _is_transport_error(exc: BaseException) -> bool:
     """True for connection-level failures of httpx or requests (no HTTP answer)."""
     import httpx

@@ -25,7 +25,7 @@ from fleetenv.core.errors import (
 from fleetenv.core.redaction import register_secret
 from fleetenv.core.retry import Backoff, Deadline, RetryPolicy
 from fleetenv.core.types import Modality
-from fleetenv.fleet.classify import is_rate_limit, never_sent, provisioning_error
+from fleetenv.fleet.classify import is_gone, is_rate_limit, never_sent, provisioning_error
 from fleetenv.fleet.deadlines import ProvisioningDeadlineExceeded, deadline_scope
 from fleetenv.fleet.limits import Gate, KeyLimiter
 from fleetenv.fleet.registry import (
@@ -325,7 +325,7 @@ class Provisioner:
             try:
                 self.client.sdk.delete(instance.instance_id)
             except Exception as exc:
-                if _already_gone(exc):
+                if is_gone(exc):
                     return
                 cause = provisioning_error(exc, **context)
                 raise InstanceGoneError(
@@ -448,7 +448,7 @@ class Provisioner:
         try:
             self.client.sdk.delete(instance_id)
         except Exception as exc:
-            if not _already_gone(exc):
+            if not is_gone(exc):
                 logger.warning("sweep could not delete instance %s: %s%s", instance_id, exc,
                                advice)
                 return False
@@ -464,9 +464,3 @@ def _may_have_created(exc: BaseException) -> bool:
 
     status = getattr(exc, "status_code", None) if isinstance(exc, fx.FleetAPIError) else None
     return not (isinstance(status, int) and 400 <= status < 500 and status not in (408, 409))
-
-
-def _already_gone(exc: Exception) -> bool:
-    from fleet import exceptions as fx
-
-    return isinstance(exc, fx.FleetAPIError) and exc.status_code in (404, 410)
