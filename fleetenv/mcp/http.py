@@ -54,6 +54,9 @@ _ssl_building: tuple[int, asyncio.Future[ssl.SSLContext]] | None = None
 _WRITE_TIMEOUT_S = 30.0
 _POOL_TIMEOUT_S = 30.0
 _KEEPALIVE_PER_CONNECTION = 8
+# Idle connections are dropped before the 5 s idle timeout common servers use (uvicorn,
+# Node): a call sent just as the server closes its end fails after it may have been read.
+_KEEPALIVE_EXPIRY_S = 4.0
 # An error body longer than this is not read to classify it (real ones are tiny).
 _MAX_ERROR_BODY = 64 * 1024
 # Where fleetenv puts its per-call id in a tools/call request (see fleetenv.mcp.connection).
@@ -134,7 +137,8 @@ async def connection_client(
         transport=keep_alive_transport(httpx2.AsyncHTTPTransport(
             verify=context,
             limits=httpx2.Limits(max_connections=None,
-                                 max_keepalive_connections=_KEEPALIVE_PER_CONNECTION),
+                                 max_keepalive_connections=_KEEPALIVE_PER_CONNECTION,
+                                 keepalive_expiry=_KEEPALIVE_EXPIRY_S),
         ), limit=max_reply_bytes),
         event_hooks={"response": [_record]},
     )
