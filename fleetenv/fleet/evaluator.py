@@ -312,11 +312,12 @@ class Evaluator:
             except Exception as exc:
                 refused = ("check the model ids (models= / --model) and the job settings"
                            if what == _CREATING else None)
-                error = request_error(exc, what, EvaluationError, hint=refused, **context)
+                error = request_error(exc, what, FleetEnvError, hint=refused, **context)
                 if what == _IMPORTING and error.context.get("status") in ("400", "404", "422"):
-                    error = ConfigurationError(error.message, hint="fix the field the "
-                                               "message names", **context)
-                raise error from exc
+                    raise ConfigurationError(error.message, hint="fix the field the "
+                                             "message names", **context) from exc
+                raise EvaluationError(error.message, hint=error.hint,
+                                      retryable=error.retryable, **error.context) from exc
 
     # ------------------------------------------------------------------ the requests
 
