@@ -201,6 +201,17 @@ def test_job_creation_is_retried_only_when_fleet_cannot_have_created_it(
     assert hits(faults, failed) == 1
 
 
+@pytest.mark.timeout(60)
+def test_a_job_creation_whose_connection_dropped_is_not_sent_again(
+        local_fleet: LocalFleet, session: Session, faults: Any) -> None:
+    # The request left and no answer came: Fleet may have created the job.
+    dropped = faults.add("drop_connection", route="/v1/jobs", method="POST", times=2)
+    with pytest.raises(EvaluationError, match=r"creating the evaluation job: no answer"):
+        Evaluator(session=session, k=1, models=LOCAL, poll_interval_s=0.3,
+                  timeout_s=50).evaluate(TASK)
+    assert hits(faults, dropped) == 1
+
+
 @pytest.mark.parametrize(("task", "field"), [
     ({"key": "t", "prompt": "p", "verifier_func": "def v(env): return 1"}, "env_key"),
     ({"key": "t", "env_id": "helpdesk", "verifier_func": "def v(env): return 1"}, "prompt"),

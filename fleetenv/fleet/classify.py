@@ -247,6 +247,63 @@ def is_rate_limit(exc: BaseException) -> bool:
     return any(marker in text for marker in _RATE_MARKERS)
 
 
+def never_sent(exc: BaseException) -> bool:
+    """True when the request provably never reached the server (its connection failed),
+    so it cannot have had an effect there."""
+    import httpx
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, httpx.ConnectError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def request_error(exc: Exception, what: str, error_cls: type[FleetEnvError], *,
+                  hint: str | None = None, **context: Any) -> FleetEnvError:
+    """A failed control-plane request other than a create (see `provisioning_error`) as
+    ``error_cls`` naming ``what``: retryable on 429, 408/425/5xx, timeouts and lost
+    connections, by type and status only; ``hint`` says what to try when Fleet refused it.
+    The ``status`` context is the HTTP status, or ``connect`` when the request never left
+    (`never_sent`)."""
+    from fleet import exceptions as fx
+
+    detail = error_detail(exc)
+    if isinstance(exc, fx.FleetAuthenticationError):
+        return error_cls(f"{what}: Fleet rejected the API key (401): {detail}",
+                         hint="check FLEET_API_KEY and FLEET_BASE_URL", status=401, **context)
+    if never_sent(exc):
+        return error_cls(f"{what}: Fleet could not be reached: {detail}", retryable=True,
+                         status="connect", **context)
+    if isinstance(exc, fx.FleetRateLimitError):
+        return error_cls(f"{what}: Fleet is rate limiting: {detail}", retryable=True,
+                         status=429, **context)
+    if isinstance(exc, fx.FleetTimeoutError) or _is_transport_error(exc):
+        return error_cls(f"{what}: the request failed ({type(exc).__name__}): {detail}",
+                         retryable=True, **context)
+    if isinstance(exc, fx.FleetAPIError):
+        status = exc.status_code
+        if status is None or status in TRANSIENT_STATUSES:
+            answered = "no answer" if status is None else f"Fleet answered {status}"
+            return error_cls(f"{what}: {answered}: {detail}", retryable=True, status=status,
+                             **context)
+        return error_cls(f"{what}: Fleet refused the request ({status}): {detail}",
+                         hint=hint, status=status, **context)
+    if isinstance(exc, ValueError):  # pydantic's ValidationError is one
+        return error_cls(f"{what}: Fleet's answer is not what fleet-python expects: "
+                         f"{detail}", hint="upgrade fleetenv / fleet-python", **context)
+    return error_cls(f"{what} failed with an unexpected {type(exc).__name__}: {detail}",
+                     **context)
+
+
+def is_gone(exc: BaseException) -> bool:
+    """Did Fleet answer that the instance does not exist (any more)?"""
+    from fleet import exceptions as fx
+
+    return isinstance(exc, fx.FleetAPIError) and exc.status_code in (404, 410)
+
+
 def _is_transport_error(exc: BaseException) -> bool:
     """True for connection-level failures of httpx or requests (no HTTP answer)."""
     import httpx

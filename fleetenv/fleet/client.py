@@ -1,24 +1,13 @@
-"""Building fleet-python's synchronous client, the one way fleetenv talks to Fleet's
-control plane.
+"""fleet-python's synchronous client, the one way fleetenv talks to Fleet's control plane.
 
-We always use the *sync* ``fleet.Fleet`` (never the async ``fleet.Task`` from sync code:
-it runs ``asyncio.run`` per call). We pass our own ``httpx.Client`` so we can close its
-sockets (``Fleet`` has no close) and bound every request, and we turn off fleet-python's
-transport retries: they retry 404s and re-POST creates, while our provisioning retries
-with typed classification inside one budget.
-
-Every request has an overall deadline, not only per-read timeouts: the client's
-transport is :class:`~fleetenv.fleet.deadlines.DeadlineTransport`, and callers wrap each
-operation (create, poll, delete, verify) in a ``deadline_scope`` with its own budget.
-``timeout_s`` is the bound of a request made outside any scope.
-
-The client also owns the one ``fleet.runner_auth.RunnerTokenProvider`` of its Fleet
-(``runner_tokens``): the ``X-Runner-Token`` that gated clusters require on instance-manager
-routes is resolved once per client, as fleet-python does, and sent by
-:class:`~fleetenv.fleet.manager.ManagerClient`.
-
-Loading the CA bundle into an SSL context costs tens of milliseconds of CPU, so every
-client of the process shares one context (it is immutable configuration, not state).
+Always the sync ``fleet.Fleet`` (the async ``fleet.Task`` runs ``asyncio.run`` per call),
+over our own ``httpx.Client``: we can close its sockets (``Fleet`` has no close), its
+transport gives every request an overall deadline
+(:class:`~fleetenv.fleet.deadlines.DeadlineTransport`; callers scope each operation), and
+fleet-python's own retries are off (they retry 404s and re-POST creates; ours classify
+inside one budget). The client also owns its Fleet's one runner-token provider
+(``runner_tokens``). Every client of the process shares one SSL context: loading the CA
+bundle costs tens of milliseconds of CPU.
 """
 
 from __future__ import annotations

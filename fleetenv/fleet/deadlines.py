@@ -1,56 +1,33 @@
 """Overall deadlines for every non-MCP network call (control plane, manager API, verifier).
 
-A per-read timeout is not a deadline: a server that accepts the connection and answers
-one byte every 0.2 s (each byte well within the read timeout), or sends its headers and
-never finishes the body, holds a call with only per-read timeouts forever. So every call
-runs inside a :func:`deadline_scope` (one per operation: a create, a readiness poll, a
-delete with its retries, a manager ``reset``/``describe``/``query``, a verification with
-its retries); when its time is up the call ends with :class:`DeadlineExceeded` naming
-what was being done and where, whatever layer (fleet-python, ``requests``, our own retry
-loops) the socket was blocked under.
+A per-read timeout is not a deadline: a server that answers one byte every 0.2 s, or
+sends its headers and stalls, holds a call with only per-read timeouts forever. So every
+call runs inside a :func:`deadline_scope` (one per operation: a create, a readiness poll,
+a delete with its retries, a manager call, a verification with its retries); when its
+time is up the call ends in :class:`DeadlineExceeded` naming what was being done and
+where, whatever layer the socket was blocked under. The scope lives in a ``ContextVar``:
+it reaches the socket reads of that call in the caller's thread, and only those.
 
-The scope lives in a ``ContextVar``: the blocking clients run in the caller's thread, so
-the scope set around ``sdk.make(...)`` is visible to the socket reads of that call, and
-only of that call (other threads have their own context).
+One mechanism per HTTP stack:
 
-Two mechanisms, one per HTTP stack, chosen for what each stack lets us hook:
+* **httpx (fleet-python)**: :class:`DeadlineTransport` wraps httpcore's network backend,
+  so each socket operation's timeout is the time left (no timer, no thread; a verifier
+  allowed 300 s is not cut at the client's read timeout); a request outside any scope
+  gets a scope of its own read timeout. The error is not an ``httpx`` one on purpose:
+  fleet-python would turn it into ``FleetTimeoutError`` and drop the detail.
+* **requests (manager API)**: ``http.client`` has no per-read hook, so a timer on the
+  runtime's loop shuts down (``SHUT_RDWR``) the sockets of the connections attached to
+  the scope at its deadline. Connections attach when they send a request and detach when
+  they go back to the pool, under the scope's lock, so the timer never touches a
+  connection another request has taken.
 
-* **httpx (fleet-python)**: httpcore takes a pluggable *network backend* and passes an
-  explicit timeout to every ``read``/``write``/``connect``/``start_tls``. Our
-  :class:`DeadlineTransport` wraps that backend so each socket operation is capped by
-  the time left in the current scope, and raises ``DeadlineExceeded`` itself when the
-  cap is what ran out. No timer, no thread; the bound is exact; the connection that hit
-  the deadline is closed by httpcore (it was mid-response), and nothing else in the pool
-  is touched. Within a scope the per-read timeouts become "what is left", so a verifier
-  allowed 300 s is not cut at the client's default read timeout. A request made outside
-  any scope (``env.resources()``, a sweep's listing) gets an implicit scope of its own
-  read timeout, so *every* request through this transport has an overall bound. The
-  exception is not an ``httpx`` error on purpose: fleet-python converts those into
-  ``FleetTimeoutError``/``FleetAPIError`` and drops the detail; ours passes through.
+A scope's exit turns any exception raised after it fired into its ``DeadlineExceeded``,
+so no wrapper in between can hide it; scopes nest, and an inner one never outlives the
+outer one. At interpreter exit, and for a cancelled ``Runner``'s own calls
+(``calls_owner``), calls still out get `EXIT_GRACE_S`, then are abandoned (`abandon_calls`).
 
-* **requests (manager API)**: ``http.client`` reads through a file object over the
-  socket, with no per-read hook. So a timer on the runtime's loop (`Runtime.call_at`)
-  fires at the scope's deadline and ``shutdown(SHUT_RDWR)``s the sockets of the
-  connections *attached to that scope* (non-blocking, so the loop never waits): a
-  blocked ``recv`` returns at once, in the header phase as in the body. Connections
-  attach when they send a request (:class:`DeadlineAdapter`'s connection class) and
-  detach when they go back to the pool or close, under the scope's lock, so the timer
-  can never shut down a connection another request has taken from the pool. A fired
-  scope always ends in ``DeadlineExceeded``, even when the shut-down socket looked like a
-  clean end of body.
-
-A scope's exit turns any exception raised after it fired into its ``DeadlineExceeded``
-(chained to it), so a wrapper in between (fleet-python, fleetenv's retry loop) cannot
-hide the typed error. Scopes nest; an inner one never outlives the outer one.
-
-At interpreter exit, calls still out get `EXIT_GRACE_S` to finish, then are abandoned
-(`abandon_calls`: the scope fires with a non-retryable error and its sockets are shut
-down): a worker thread blocked on a create that never answers would otherwise hold the
-exit, which joins worker threads, for the create's whole budget. A cancelled ``Runner``
-does the same for its own calls (``calls_owner``) after its grace.
-
-Not covered: MCP (its own deadlines live in ``fleetenv.mcp``), HTTP proxies taken from
-the environment (httpx builds its own transports for those), and a TLS handshake on the
+Not covered: MCP (``fleetenv.mcp`` has its own deadlines), HTTP proxies taken from the
+environment (httpx builds its own transports for those), and a TLS handshake on the
 ``requests`` path (bounded per read by the connect timeout only).
 """
 
@@ -65,7 +42,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import httpcore
 import httpx
@@ -96,6 +73,7 @@ class ProvisioningDeadlineExceeded(DeadlineExceeded, ProvisioningError):
 
 
 logger = logging.getLogger("fleetenv.fleet")
+_T = TypeVar("_T")
 
 _current: contextvars.ContextVar[DeadlineScope | None] = contextvars.ContextVar(
     "fleetenv_deadline_scope", default=None)
@@ -289,17 +267,6 @@ _live: set[DeadlineScope] = set()  # the scopes of `deadline_scope` blocks under
 _live_changed = threading.Condition()
 
 
-def _enter_live(scope: DeadlineScope) -> None:
-    with _live_changed:
-        _live.add(scope)
-
-
-def _leave_live(scope: DeadlineScope) -> None:
-    with _live_changed:
-        _live.discard(scope)
-        _live_changed.notify_all()
-
-
 def abandon_calls(reason: str, *, grace_s: float = EXIT_GRACE_S,
                   owner: object | None = None) -> int:
     """Wait up to ``grace_s`` for the calls under way to end, then abandon the rest
@@ -359,7 +326,8 @@ def deadline_scope(budget: float | Deadline | None, *, what: str, retryable: boo
     scope.seconds = total if total is not None else seconds
     scope.owner = calls_owner.get()
     token = _current.set(scope)
-    _enter_live(scope)
+    with _live_changed:
+        _live.add(scope)
     try:
         yield scope
     except Exception as exc:
@@ -372,7 +340,9 @@ def deadline_scope(budget: float | Deadline | None, *, what: str, retryable: boo
     finally:
         _current.reset(token)
         scope.close()
-        _leave_live(scope)
+        with _live_changed:
+            _live.discard(scope)
+            _live_changed.notify_all()
     if scope.fired:  # e.g. a shut-down socket that looked like a clean end of body
         raise scope.error()
 
@@ -389,6 +359,25 @@ def _activated(scope: DeadlineScope | None) -> Iterator[None]:
 # ---------------------------------------------------------------- httpx / httpcore
 
 
+def _capped(call: Callable[[float | None], _T], timeout: float | None,
+            timed_out: type[Exception], stream: httpcore.NetworkStream | None = None) -> _T:
+    """``call(limit)`` with ``timeout`` capped by the current scope; the scope's error
+    when the cap is what ran out (``timed_out``). ``stream``: what `abandon` may shut."""
+    scope = _current.get()
+    if scope is None:
+        return call(timeout)
+    limit, binding = scope.cap(timeout)
+    try:
+        if stream is None:
+            return call(limit)
+        with scope.blocking_on(stream):
+            return call(limit)
+    except timed_out:
+        if binding:
+            raise scope.error() from None
+        raise
+
+
 class _DeadlineStream(httpcore.NetworkStream):
     """A network stream whose every operation is capped by the current scope."""
 
@@ -396,49 +385,21 @@ class _DeadlineStream(httpcore.NetworkStream):
         self._inner = inner
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        scope = _current.get()
-        if scope is None:
-            return self._inner.read(max_bytes, timeout)
-        limit, binding = scope.cap(timeout)
-        try:
-            with scope.blocking_on(self._inner):
-                return self._inner.read(max_bytes, limit)
-        except httpcore.ReadTimeout:
-            if binding:
-                raise scope.error() from None
-            raise
+        return _capped(lambda limit: self._inner.read(max_bytes, limit), timeout,
+                       httpcore.ReadTimeout, self._inner)
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        scope = _current.get()
-        if scope is None:
-            self._inner.write(buffer, timeout)
-            return
-        limit, binding = scope.cap(timeout)
-        try:
-            with scope.blocking_on(self._inner):
-                self._inner.write(buffer, limit)
-        except httpcore.WriteTimeout:
-            if binding:
-                raise scope.error() from None
-            raise
+        _capped(lambda limit: self._inner.write(buffer, limit), timeout,
+                httpcore.WriteTimeout, self._inner)
 
     def close(self) -> None:
         self._inner.close()
 
     def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
                   timeout: float | None = None) -> httpcore.NetworkStream:
-        scope = _current.get()
-        if scope is None:
-            return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname,
-                                                         timeout))
-        limit, binding = scope.cap(timeout)
-        try:
-            return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname,
-                                                         limit))
-        except httpcore.ConnectTimeout:
-            if binding:
-                raise scope.error() from None
-            raise
+        return _DeadlineStream(_capped(
+            lambda limit: self._inner.start_tls(ssl_context, server_hostname, limit),
+            timeout, httpcore.ConnectTimeout))
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
@@ -451,16 +412,10 @@ class _DeadlineBackend(httpcore.NetworkBackend):
     def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                     local_address: str | None = None,
                     socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
-        scope = _current.get()
-        limit, binding = (timeout, False) if scope is None else scope.cap(timeout)
-        try:
-            stream = self._inner.connect_tcp(host, port, limit, local_address,
-                                             socket_options)
-        except httpcore.ConnectTimeout:
-            if binding and scope is not None:
-                raise scope.error() from None
-            raise
-        return _DeadlineStream(stream)
+        return _DeadlineStream(_capped(
+            lambda limit: self._inner.connect_tcp(host, port, limit, local_address,
+                                                  socket_options),
+            timeout, httpcore.ConnectTimeout))
 
     def connect_unix_socket(self, path: str, timeout: float | None = None,
                             socket_options: Iterable[Any] | None = None,
@@ -576,22 +531,19 @@ class _HTTPSConnection(_ScopedConnectionMixin, HTTPSConnection):
     pass
 
 
-class _HTTPPool(HTTPConnectionPool):
-    ConnectionCls = _HTTPConnection
-
+class _DetachingPoolMixin:
     def _put_conn(self, conn: Any) -> None:
         if conn is not None:
             conn._detach()  # back in the pool: no scope may touch it any more
-        super()._put_conn(conn)
+        super()._put_conn(conn)  # type: ignore[misc]  # a mixin: urllib3 is next in the MRO
 
 
-class _HTTPSPool(HTTPSConnectionPool):
+class _HTTPPool(_DetachingPoolMixin, HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(_DetachingPoolMixin, HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection
-
-    def _put_conn(self, conn: Any) -> None:
-        if conn is not None:
-            conn._detach()
-        super()._put_conn(conn)
 
 
 class DeadlineAdapter(HTTPAdapter):

@@ -1,24 +1,13 @@
-"""The task evaluator: score a task with Fleet's harness jobs, k rollouts per model.
+"""The task evaluator: score a task with Fleet's harness jobs, k rollouts per model
+(docs/evaluate.md).
 
-Fleet runs the agent (a model, in Fleet's harness) on its side; this module only drives
-the job and reads its results, over fleet-python's synchronous client:
-
-1. import the task (``POST /v1/tasks``: prompt, verifier source, environment);
-2. create a harness job for ``k`` rollouts per model (``POST /v1/jobs``);
-3. poll the job (``GET /v1/jobs/{id}``) with backoff until it ends or the deadline passes;
-4. read its sessions (``GET /v1/sessions/job/{id}``) into per-model scores.
-
-The async twin runs the SDK calls on the runtime's pool and pauses on the caller's loop
-(``fleetenv.runtime.plans``). A session without a verifier score is ``None`` (unknown, not
-a grade); a failed or timed-out job raises ``EvaluationFailed`` or ``DeadlineExceeded``
-naming the job and what to do. Polling retries transient answers
-(5xx, 429, timeouts, connection failures) within the deadline; creating the job is
-retried only when Fleet cannot have created it (a 429 or 503 answer, or a connection
-that was never made), so a retry never starts a second job.
-
-On the embedded local Fleet the harness has no LLM: its models are ``"reference"``
-(replays the task's reference solution) and ``"noop"`` (does nothing), see
-``fleetenv.rollouts.harness``.
+Fleet runs the agent on its side; over fleet-python's synchronous client this module
+imports the task (``POST /v1/tasks``), creates a harness job (``POST /v1/jobs``), polls it
+with backoff (``GET /v1/jobs/{id}``) and reads its sessions (``GET /v1/sessions/job/{id}``)
+into per-model scores; the async twin runs the calls on the runtime's pool. A session
+without a verifier score is ``None``, never 0.0. Polls retry transient answers within the
+deadline; creating the job is retried only when Fleet cannot have created it (a 429 or 503
+answer, or a request that never left), so a retry never starts a second job.
 """
 
 from __future__ import annotations
@@ -39,6 +28,7 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.retry import Backoff, Deadline, RetryPolicy, is_retryable
 from fleetenv.core.tasks import Task
+from fleetenv.fleet.classify import request_error
 from fleetenv.runtime.plans import Blocking, OnLoop, Plan, run_async, run_sync
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,6 +59,7 @@ TERMINAL_STATUSES = frozenset({"completed", "cancelled", "canceled", "errored", 
 _FAILED_STATUSES = TERMINAL_STATUSES - {"completed"}
 _MODES = {"tool_use": "tool-use", "computer_use": "computer-use",
           "browser_use": "browser-use"}
+_IMPORTING, _CREATING = "importing the task", "creating the evaluation job"
 
 
 @dataclass(frozen=True)
@@ -234,10 +225,10 @@ class Evaluator:
                 hint="set the task's verifier (verifier_func / verifier_code) to the source "
                 "of its verifier function")
         models = list(self.models)
-        yield from self._call("importing the task", deadline, self._import, task,
+        yield from self._call(_IMPORTING, deadline, self._import, task,
                               task=task.key)
         job_id: str = yield from self._call(
-            "creating the evaluation job", deadline, self._create_job, task, models,
+            _CREATING, deadline, self._create_job, task, models,
             retryable=_create_retryable, task=task.key)
         logger.info("evaluation job %s started for task %s (%d x %s)", job_id, task.key,
                     self.k, ", ".join(models))
@@ -319,7 +310,14 @@ class Evaluator:
             except FleetEnvError:
                 raise
             except Exception as exc:
-                raise _api_error(exc, what, context) from exc
+                refused = ("check the model ids (models= / --model) and the job settings"
+                           if what == _CREATING else None)
+                error = request_error(exc, what, FleetEnvError, hint=refused, **context)
+                if what == _IMPORTING and error.context.get("status") in ("400", "404", "422"):
+                    raise ConfigurationError(error.message, hint="fix the field the "
+                                             "message names", **context) from exc
+                raise EvaluationError(error.message, hint=error.hint,
+                                      retryable=error.retryable, **error.context) from exc
 
     # ------------------------------------------------------------------ the requests
 
@@ -396,45 +394,6 @@ def _create_retryable(exc: Exception) -> bool:
     context = getattr(exc, "context", None) or {}
     return bool(getattr(exc, "retryable", False)) and context.get("status") in (
         "429", "503", "connect")
-
-
-def _api_error(exc: Exception, what: str, context: dict[str, Any]) -> FleetEnvError:
-    import httpx
-    from fleet import exceptions as fx
-    from pydantic import ValidationError
-
-    from fleetenv.fleet.classify import TRANSIENT_STATUSES, error_detail
-
-    detail = error_detail(exc, 500)
-    if isinstance(exc, fx.FleetAuthenticationError):
-        return EvaluationError(f"{what}: Fleet rejected the API key: {detail}",
-                               hint="check FLEET_API_KEY and FLEET_BASE_URL", **context)
-    if isinstance(exc, httpx.ConnectError):
-        return EvaluationError(f"{what}: Fleet could not be reached: {detail}",
-                               retryable=True, status="connect", **context)
-    if isinstance(exc, httpx.TransportError | fx.FleetTimeoutError):
-        return EvaluationError(f"{what}: the request failed ({type(exc).__name__}): "
-                               f"{detail}", retryable=True, **context)
-    if isinstance(exc, fx.FleetRateLimitError):
-        return EvaluationError(f"{what}: Fleet is rate limiting: {detail}", retryable=True,
-                               status="429", **context)
-    if isinstance(exc, fx.FleetAPIError):
-        status = exc.status_code
-        if status is None or status in TRANSIENT_STATUSES:
-            return EvaluationError(f"{what}: Fleet answered {status}: {detail}",
-                                   retryable=True, status=status or "connect", **context)
-        if status in (400, 404, 422) and what == "importing the task":
-            return ConfigurationError(f"Fleet refused the task ({status}): {detail}",
-                                      hint="fix the field the message names", **context)
-        hint = ("check the model ids (models= / --model) and the job settings"
-                if what == "creating the evaluation job" else None)
-        return EvaluationError(f"{what}: Fleet refused the request ({status}): {detail}",
-                               hint=hint, status=status, **context)
-    if isinstance(exc, ValidationError):
-        return EvaluationError(f"{what}: Fleet's answer does not fit fleet-python's model: "
-                               f"{detail}", hint="upgrade fleetenv / fleet-python", **context)
-    return EvaluationError(f"{what} failed with an unexpected {type(exc).__name__}: {detail}",
-                           **context)
 
 
 def _result(job_id: str, task_key: str, status: str, sessions: Mapping[str, Any],

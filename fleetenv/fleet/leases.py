@@ -1,27 +1,13 @@
-"""Browser leases: the remote browser a ``browser_use`` episode acts through.
+"""Browser leases: the remote browser a ``browser_use`` episode acts through
+(docs/browser-use.md).
 
-A ``browser_use`` episode runs a standard instance plus a browser lease. The lease is a
-resource like an instance: created (with the instance's host allowed) after the instance,
-navigated to the app's web UI, health-checked by polling for a valid screenshot, then its
-MCP endpoint serves the episode's ``computer`` tool; it is deleted on every exit path
-(it sits in the session's registry, so ``close()``, ``with``-exit, Ctrl-C, ``atexit``
-and SIGTERM all delete it, and ``fleetenv sweep --tag`` finds leftovers by run tag).
-
-Rules:
-
-* the lease API is at ``FLEET_BROWSER_API_URL`` when set, else at the session's Fleet
-  (the embedded local Fleet serves it too);
-* the credential is ``FLEET_BROWSER_API_KEY`` when set (sent as a bearer token), else the
-  session's own Fleet credentials; the lease's MCP endpoint gets the same credential,
-  never the Fleet key of another host (``endpoints_for`` rule);
-* readiness is a bounded poll with backoff for a screenshot that is a real image of at
-  least ``min_screenshot_bytes``; no fixed sleeps;
-* a failed delete raises (the registry keeps the lease and retries at close and exit).
-
-Wire format (OpenEnv's ``fleet_env`` client's; not checked against Fleet itself):
-``POST /v1/browser {"ttl_seconds", "allowed_hosts", "run_id"}`` answers
-``{"lease_id", "browser_id", "mcp_url", "cdp_url", "stream_url", "host_domain"}``;
-``DELETE /v1/browser/{lease_id}``; ``GET /v1/browser?run_id=&status=`` lists leases.
+A lease is a resource like an instance: created after it (with its host allowed),
+navigated to the app, ready once a screenshot is a real image (a bounded poll, no fixed
+sleeps), and deleted on every exit path (it sits in the session's registry; a failed
+delete raises and is retried at close and exit). The lease API and its credential are
+``FLEET_BROWSER_API_URL`` / ``FLEET_BROWSER_API_KEY``, else the session's Fleet and
+credentials; a lease's MCP endpoint gets that credential only on the API's own host. The
+wire format is OpenEnv's ``fleet_env`` client's, not checked against Fleet itself.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """The instance manager API (reset, describe, query) over ``requests``.
 
 Not fleet-python's manager client: it checks no status codes and shares the control
-plane's timeout (300 s), so a hung ``/reset`` would block an episode for minutes. Here
-every call has its own timeout and every failure becomes a typed error naming the
-instance.
+plane's 300 s timeout. Here each call has one overall deadline (``timeouts.reset`` or
+``timeouts.read``, cut as ``fleetenv.fleet.deadlines`` says) and every failure is a typed
+error naming the instance.
 
-The timeout of a call is an overall deadline (``timeouts.reset`` for reset,
-``timeouts.read`` for describe / query), not a per-read timeout: a manager that answers
-one byte at a time, or sends headers and stalls, is cut off when the deadline passes
-(``fleetenv.fleet.deadlines`` says how) and the call raises ``DeadlineExceeded``.
-
-Gated clusters answer 404 to instance-manager requests without an ``X-Runner-Token``
-header, which looks exactly like a deleted instance. Every request here carries the
-token that fleet-python's own ``fleet.runner_auth.RunnerTokenProvider`` resolves
-(``RUNNER_AUTH_TOKEN``, else ``GET /v1/runner-auth/token`` once per client; soft on
-ungated deployments). The token is a header value only: it is never logged, never part
-of an error, a repr or anything the agent sees, and it is registered for scrubbing, so a
-tool that echoes it does not carry it into logs, events or results either.
+Gated clusters answer 404 to manager requests without an ``X-Runner-Token``, which looks
+exactly like a deleted instance, so every request carries the token fleet-python's
+``RunnerTokenProvider`` resolves. The token is a header value only (never logged, in an
+error, a repr or what the agent sees) and is registered for scrubbing.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from fleetenv.core.errors import (
 from fleetenv.core.redaction import register_secret
 from fleetenv.core.retry import Backoff, Deadline, RetryPolicy
 from fleetenv.core.types import Modality
-from fleetenv.fleet.classify import is_rate_limit, provisioning_error
+from fleetenv.fleet.classify import is_gone, is_rate_limit, never_sent, provisioning_error
 from fleetenv.fleet.deadlines import ProvisioningDeadlineExceeded, deadline_scope
 from fleetenv.fleet.limits import Gate, KeyLimiter
 from fleetenv.fleet.registry import (
@@ -45,6 +45,8 @@ logger = logging.getLogger("fleetenv.provisioning")
 
 #: Seconds one instance's delete may take at interpreter exit or after SIGTERM.
 EXIT_DELETE_BUDGET_S = 2.0
+#: The most one create's readiness poll may take (within the provisioning budget).
+READY_TIMEOUT_S = 300.0
 
 #: Image type fleet-python sends per modality (computer_use runs the "mcp" image).
 IMAGE_TYPES: dict[Modality, str | None] = {Modality.TOOL_USE: None,
@@ -124,7 +126,6 @@ class Provisioner:
         key_limit: KeyLimiter,
         retry: RetryPolicy,
         run_tag: str,
-        ready_timeout_s: float = 300.0,
         delete_timeout_s: float = 30.0,
     ) -> None:
         self.client = client
@@ -134,7 +135,6 @@ class Provisioner:
         self.key_limit = key_limit
         self.retry = retry
         self.run_tag = run_tag
-        self.ready_timeout_s = ready_timeout_s
         self.delete_timeout_s = delete_timeout_s
         # Run tags under which a create failed in a way that may have created an instance
         # anyway (timeout, dropped connection, 5xx): only those are worth sweeping.
@@ -284,7 +284,7 @@ class Provisioner:
     def _wait_until_running(self, env: SyncEnv, deadline: Deadline,
                             request: ProvisionRequest) -> SyncEnv:
         """Poll with backoff until the instance runs (real Fleet may answer "pending")."""
-        ready = Deadline(deadline.cap(self.ready_timeout_s))
+        ready = Deadline(deadline.cap(READY_TIMEOUT_S))
         poll = Backoff(base=0.25, cap=5.0)
         attempt = 0
         while env.status != "running":
@@ -297,14 +297,14 @@ class Provisioner:
                 raise DeadlineExceeded(
                     f"instance {env.instance_id} was not running after "
                     f"{ready.seconds:.0f} s (status {env.status!r})",
-                    hint="raise ready_timeout_s, or check Fleet's status page",
+                    hint="check Fleet's status page, or retry later",
                     task=request.task_key, env=request.env_spec, instance=env.instance_id,
                 )
             time.sleep(ready.cap(poll.delay(attempt)))  # bounded poll with backoff
             attempt += 1
             with deadline_scope(ready, what=f"polling instance {env.instance_id}",
                                 error_cls=ProvisioningDeadlineExceeded,
-                                hint="raise ready_timeout_s, or check Fleet's status page",
+                                hint="check Fleet's status page, or retry later",
                                 task=request.task_key, env=request.env_spec,
                                 instance=env.instance_id):
                 env = self.client.sdk.instance(env.instance_id)
@@ -325,7 +325,7 @@ class Provisioner:
             try:
                 self.client.sdk.delete(instance.instance_id)
             except Exception as exc:
-                if _already_gone(exc):
+                if is_gone(exc):
                     return
                 cause = provisioning_error(exc, **context)
                 raise InstanceGoneError(
@@ -345,33 +345,25 @@ class Provisioner:
                                 f"sweep; or run `fleetenv sweep --tag {tag}`", **context):
                 self.retry.with_budget(budget, max_attempts=attempts).call(attempt)
         except Exception:
-            self._hand_to_sweeper(instance)
+            self._forget(instance, deleted=False)
             raise
         self._forget(instance)
 
-    def _forget(self, instance: Instance) -> None:
-        """The instance is gone: drop it from the registry, give its live slot back."""
+    def _forget(self, instance: Instance, *, deleted: bool = True) -> None:
+        """Drop the instance from the registry and give its live slot back: it is gone
+        (``deleted``), or its delete failed after the retries, so no episode owns it any
+        more and the next sweep (session close, interpreter exit, SIGTERM, a runner's
+        end) deletes it again."""
         with self._forget_lock:  # two deletes may race (SIGTERM cleanup vs. close)
             if instance.deleted:
                 return
-            instance.deleted = True
-            release, instance.holds_live_slot = instance.holds_live_slot, False
-        self.registry.discard(instance.instance_id)
-        with self._unsure_lock:
-            self._failed_deletes.pop(instance.instance_id, None)
-        if release:
-            self.live.release()
-
-    def _hand_to_sweeper(self, instance: Instance) -> None:
-        """Its delete failed after the retries: no episode owns it any more, so its live
-        slot is free for the next one, and the next sweep (session close, interpreter
-        exit, SIGTERM, a runner's end) deletes it again."""
-        with self._forget_lock:
-            if instance.deleted:
-                return
+            instance.deleted = deleted
             release, instance.holds_live_slot = instance.holds_live_slot, False
         with self._unsure_lock:
-            self._failed_deletes[instance.instance_id] = instance
+            if deleted:
+                self._failed_deletes.pop(instance.instance_id, None)
+            else:
+                self._failed_deletes[instance.instance_id] = instance
         self.registry.discard(instance.instance_id)
         if release:
             self.live.release()
@@ -456,38 +448,19 @@ class Provisioner:
         try:
             self.client.sdk.delete(instance_id)
         except Exception as exc:
-            if not _already_gone(exc):
+            if not is_gone(exc):
                 logger.warning("sweep could not delete instance %s: %s%s", instance_id, exc,
                                advice)
                 return False
         return True
 
 
-def _never_sent(exc: BaseException) -> bool:
-    """True when the create request provably never reached the server (connect failed),
-    so it cannot have created an instance behind our back."""
-    import httpx
-
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, httpx.ConnectError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 def _may_have_created(exc: BaseException) -> bool:
     """False only when the create provably made nothing: it never left this process,
     or the server refused it (a 4xx other than 408 timeout / 409 conflict)."""
-    if _never_sent(exc):
+    if never_sent(exc):
         return False
     from fleet import exceptions as fx
 
     status = getattr(exc, "status_code", None) if isinstance(exc, fx.FleetAPIError) else None
     return not (isinstance(status, int) and 400 <= status < 500 and status not in (408, 409))
-
-
-def _already_gone(exc: Exception) -> bool:
-    from fleet import exceptions as fx
-
-    return isinstance(exc, fx.FleetAPIError) and exc.status_code in (404, 410)

@@ -1,31 +1,12 @@
 """Registries of live instances (one per session), and the process hooks that empty them.
 
-Leaked instances cost money and hit instance limits, so every instance fleetenv creates
-is recorded in its session's registry from the moment ``make()`` returns until its delete
-succeeds. Normal ``close()``, ``with``-exit, Ctrl-C (the ``finally`` in the episode),
-``Session.close()``, interpreter exit (``atexit``, via the runtime's shutdown hooks),
-SIGTERM and SIGHUP all end in :meth:`InstanceRegistry.delete_all`. The exit hooks are
-process-wide (there is one interpreter exit), and reach every registry that still holds
-instances.
-
-SIGTERM and SIGHUP (a closed terminal, a dropped ssh session) are handled alike.
-``signal.signal`` only works on the main thread, while the first instance is often
-created in a worker thread (``Runner``, async callers). So the handler is installed by
-:func:`install_signal_handlers`, which ``Session()``, ``Session.shared()``, ``Runner()``
-and ``FleetEnv()`` call (they run where the user's code runs, usually the main thread,
-also in a process-pool worker); importing fleetenv changes no handler. On either signal
-the handler, without waiting for anything the process is doing:
-
-1. starts deleting every live instance of every session, in a background thread;
-2. cancels the work in flight on fleetenv's loop (tool calls that may hang for minutes),
-   so threads blocked on it unwind instead of holding up interpreter exit;
-3. refuses new instances from then on;
-4. then chains: the handler that was installed before fleetenv's is called, or, if that
-   was the default action, ``SystemExit(128 + signal)`` (143, 129) unwinds the main
-   thread, and ``atexit`` waits (bounded) for the deletes and sweeps what is left.
-
-Deletes here are synchronous HTTP calls in the calling thread: at exit the event loop may
-already be gone, and a delete must not depend on it.
+Every instance fleetenv creates is in its session's registry from the moment ``make()``
+returns until its delete succeeds. ``close()``, ``with``-exit, Ctrl-C, ``Session.close()``,
+interpreter exit (the runtime's shutdown hooks), SIGTERM and SIGHUP all end in
+:meth:`InstanceRegistry.delete_all`; the exit hooks are process-wide and reach every
+registry that still holds instances. What a signal does: :func:`install_signal_handlers`.
+Deletes are synchronous HTTP calls in the calling thread: at exit the event loop may
+already be gone.
 """
 
 from __future__ import annotations
@@ -240,7 +221,8 @@ def install_exit_hooks() -> None:
 
 def install_signal_handlers() -> None:
     """Make SIGTERM and SIGHUP delete every live instance, then do what they did before
-    (idempotent).
+    (idempotent). The handler waits for nothing: a thread of its own deletes and cancels
+    the work in flight on fleetenv's loop, and no instance is created after it.
 
     Only the main thread can install a signal handler, so this is a no-op elsewhere;
     fleetenv calls it from ``Session()``, ``Session.shared()``, ``Runner()`` and

@@ -1,38 +1,10 @@
-"""``Session``: the one owner of what episodes share.
+"""``Session``: the one owner of what episodes share (docs/sessions.md).
 
-Like ``requests.Session`` or ``httpx.Client``, a session is an explicit object that
-holds settings and connections, so that nothing about them is hidden process-wide state::
-
-    with fleetenv.Session(max_live_instances=8) as session:
-        with fleetenv.FleetEnv(task, session=session) as env:
-            ...
-    # leaving the block deletes every instance the session created
-
-A session owns:
-
-* **the backend**: real Fleet (an API key is configured) or the embedded local Fleet
-  (no key), reached through fleet-python's synchronous client;
-* **the instance registry** of what it created, emptied by ``close()`` and, for sessions
-  still open then, by interpreter exit and SIGTERM;
-* **the caps**: instances being created at once and live instances (``FleetConfig``'s
-  ``max_creating_instances`` and ``max_live_instances``), honoured per session;
-* **the retry and deadline policy** (``session.retry``), one for provisioning, deletion,
-  verification and MCP session setup (tool calls are never retried);
-* **the event bus** (``session.events``) its episodes report to;
-* **the HTTP clients**: one pooled ``httpx`` client for the control plane, and keep-alive
-  ``requests`` pools for the instances' manager APIs.
-
-MCP traffic has its own pools, one per connection (``fleetenv.mcp.http``): it runs on the
-loop thread, while the manager API blocks in the caller's.
-
-What is *not* per session: Fleet's rate limits are per API key, so sessions using the same
-key in one process share one :class:`~fleetenv.fleet.limits.KeyLimiter`; the embedded
-local Fleet is one server per process; and the one event-loop thread is per process.
-
-Sessions shared by settings: :meth:`Session.shared` returns the process's one open
-session for equal settings. ``FleetEnv(task)`` without ``session=`` uses the shared
-session of the environment's settings (``FLEET_API_KEY`` / ``FLEET_BASE_URL``), and so
-do the adapters and worker processes that are handed settings rather than a session.
+A session owns its backend (real Fleet, or the embedded local one without an API key),
+the registry of the instances it created, its caps, its retry policy, its event bus and
+its HTTP clients. Not per session: Fleet's rate limits are per API key, so sessions with
+the same key share one :class:`~fleetenv.fleet.limits.KeyLimiter`; the local Fleet is
+one server per process; MCP traffic has pools of its own (``fleetenv.mcp.http``).
 """
 
 from __future__ import annotations
@@ -40,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +19,7 @@ from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError, FleetEnvError
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.retry import RetryPolicy
-from fleetenv.fleet.limits import Gate, KeyLimiter, key_limiter
+from fleetenv.fleet.limits import Gate, key_limiter
 from fleetenv.fleet.manager import ManagerClient, ManagerPool
 from fleetenv.fleet.registry import InstanceRegistry, install_signal_handlers, untrack
 
@@ -59,17 +30,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Session"]
 
 logger = logging.getLogger("fleetenv")
-
-
-@dataclass(frozen=True)
-class _Backend:
-    """The Fleet a session talks to, built on first use."""
-
-    base_url: str
-    is_local: bool
-    client: FleetClient
-    provisioner: Provisioner
-    key_limit: KeyLimiter
 
 
 class Session:
@@ -91,12 +51,7 @@ class Session:
         events: EventBus | None = None,
         **settings: Any,
     ) -> None:
-        if config is not None and (api_key is not None or base_url is not None or settings):
-            raise ConfigurationError(
-                "pass either a config or settings (api_key=, base_url=, ...), not both",
-                hint="apply changes with config.replace(...)")
-        self.config: FleetConfig = config if config is not None else resolve_config(
-            api_key=api_key, base_url=base_url, **settings)
+        self.config: FleetConfig = _config(config, api_key, base_url, settings)
         from fleetenv.fleet.provisioning import new_run_tag
 
         #: Tag put on every instance this session creates (fleet-python's ``run_id``).
@@ -110,7 +65,7 @@ class Session:
         self.live = Gate("max_live_instances", self.config.max_live_instances)
         self.instances = InstanceRegistry()
         self._manager_pool = ManagerPool()
-        self._backend: _Backend | None = None
+        self._provisioner: Provisioner | None = None
         self._lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()
@@ -129,12 +84,7 @@ class Session:
 
         Settings are equal when their ``FleetConfig`` is: two API keys are two sessions
         (compared by value, never shown)."""
-        if config is None:
-            config = resolve_config(api_key=api_key, base_url=base_url, **settings)
-        elif api_key is not None or base_url is not None or settings:
-            raise ConfigurationError(
-                "pass either a config or settings (api_key=, base_url=, ...), not both",
-                hint="apply changes with config.replace(...)")
+        config = _config(config, api_key, base_url, settings)
         install_signal_handlers()  # the first shared session is often made in a worker
         with _shared_lock:
             session = _shared.get(config)
@@ -161,7 +111,7 @@ class Session:
             if self._closed:
                 return
             self._closed = True
-            backend = self._backend
+            provisioner = self._provisioner
         if os.getpid() != self._pid:
             return  # a forked child: the instances and sockets are the parent's
         try:
@@ -169,8 +119,8 @@ class Session:
         finally:
             untrack(self.instances)
             self._manager_pool.close()
-            if backend is not None:
-                backend.client.close()
+            if provisioner is not None:
+                provisioner.client.close()
 
     def __enter__(self) -> Session:
         return self
@@ -189,27 +139,25 @@ class Session:
     @property
     def base_url(self) -> str:
         """The control plane this session talks to (starts the local Fleet if needed)."""
-        return self._fleet().base_url
+        return self.client.base_url
 
     @property
     def provisioner(self) -> Provisioner:
-        return self._fleet().provisioner
+        """The session's Fleet, built on first use: its client, caps and registry."""
+        self._check_usable()
+        provisioner = self._provisioner
+        if provisioner is not None:
+            return provisioner
+        with self._lock:
+            if self._provisioner is None:
+                self._provisioner = self._build_provisioner()
+            return self._provisioner
 
     @property
     def client(self) -> FleetClient:
-        return self._fleet().client
+        return self.provisioner.client
 
-    def _fleet(self) -> _Backend:
-        self._check_usable()
-        backend = self._backend
-        if backend is not None:
-            return backend
-        with self._lock:
-            if self._backend is None:
-                self._backend = self._build_backend()
-            return self._backend
-
-    def _build_backend(self) -> _Backend:
+    def _build_provisioner(self) -> Provisioner:
         from fleetenv.fleet.client import FleetClient
         from fleetenv.fleet.provisioning import Provisioner
 
@@ -228,13 +176,10 @@ class Session:
         # timeout_s only bounds a request made outside any of them.
         client = FleetClient(api_key, base_url, timeout_s=config.timeouts.read,
                              connect_timeout_s=config.timeouts.connect)
-        limiter = key_limiter(base_url, api_key)
-        provisioner = Provisioner(
+        return Provisioner(
             client, registry=self.instances, creating=self.creating, live=self.live,
-            key_limit=limiter, retry=self.retry, run_tag=self.run_tag,
-            delete_timeout_s=config.timeouts.delete)
-        return _Backend(base_url=base_url, is_local=config.use_local, client=client,
-                        provisioner=provisioner, key_limit=limiter)
+            key_limit=key_limiter(base_url, api_key), retry=self.retry,
+            run_tag=self.run_tag, delete_timeout_s=config.timeouts.delete)
 
     def _check_usable(self) -> None:
         if os.getpid() != self._pid:
@@ -275,3 +220,15 @@ class Session:
 
 _shared_lock = threading.Lock()
 _shared: dict[FleetConfig, Session] = {}  # Session.shared(), by settings
+
+
+def _config(config: FleetConfig | None, api_key: str | None, base_url: str | None,
+            settings: dict[str, Any]) -> FleetConfig:
+    """``config``, or the config the settings resolve to; never both."""
+    if config is None:
+        return resolve_config(api_key=api_key, base_url=base_url, **settings)
+    if api_key is not None or base_url is not None or settings:
+        raise ConfigurationError(
+            "pass either a config or settings (api_key=, base_url=, ...), not both",
+            hint="apply changes with config.replace(...)")
+    return config

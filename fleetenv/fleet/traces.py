@@ -1,38 +1,13 @@
-"""Trace upload: each finished episode's transcript to a Fleet trace job.
+"""Trace upload: each finished episode's transcript to a Fleet trace job (docs/traces.md).
 
-Fleet shows agent transcripts ("sessions") grouped in trace jobs. Two routes, as
-fleet-python 0.2.133 sends them (its own pydantic models validate every body we send and
-every answer we read, so a wire-format drift fails here, loudly):
-
-* ``POST /v1/traces/jobs``     ``TraceJobRequest`` ``{"name"}`` -> ``TraceJobResponse``
-* ``POST /v1/sessions/ingest`` ``SessionIngestRequest``: the transcript as ``messages``
-  (role, content, ``tool_calls``, ``tool_call_id``), ``job_id``, ``task_key``, ``model``,
-  ``instance_id``, ``verifier_execution_id``, ``status`` and ``metadata`` (``score`` =
-  the reward, plus grade status, stop reason, turns...)
-
-Both go to the session's own base URL through its fleet-python client, with its key and no
-fallback token; ``TraceOptions.jobs_url`` moves the jobs route to another host (some
-Fleets serve it apart from the base URL). Off the critical path: :class:`TraceUploader`
-takes finished results without blocking (a bounded queue; a full queue drops and counts)
-and uploads them one at a time on the runtime's pool (one job drains the queue and ends
-when it is empty); ``close()`` drains what is queued within a bound and reports what was
-not uploaded. Failures never raise into the run: each upload is retried on transient
-answers (429, 5xx, no answer) inside its own budget with the session's
-:class:`~fleetenv.core.retry.RetryPolicy`, then counted; the first failure is logged as a
-warning and the count is in :meth:`TraceUploader.report`. A retry resends the same
-``X-Request-ID``, which the local Fleet uses to store a transcript once however often it
-is sent (real Fleet: unverified, see docs/traces.md).
-
-The transcript goes in the shape Fleet's session viewer shows:
-a ``user`` message that carries an image is sent as a ``tool`` message (the viewer drops
-images from user messages), ``[Turn N/M]`` footer parts are left out, and ``tool_calls``
-goes on assistant messages only. Images stay inline, as the ``data:image/...`` URLs of
-the transcript's ``image_url`` parts, under two caps (per image and per trace); an image
-over a cap is replaced by a text part naming its size and sha256. Nothing is written
-anywhere else.
-
-Secrets never leave: the API key and the runner token are replaced wherever they appear
-in the transcript, and every text goes through :func:`~fleetenv.core.redaction.redact`.
+Two routes, as fleet-python 0.2.133 sends them, every body and answer validated with its
+pydantic models (a wire-format drift fails here, loudly): ``POST /v1/traces/jobs`` and
+``POST /v1/sessions/ingest``, on the session's Fleet with its key (``jobs_url`` may move
+the first). :class:`TraceUploader` keeps uploads off the critical path (a bounded queue
+drained by one job on the runtime's pool) and never raises into the run; each upload is
+retried on transient answers inside its own budget, with the same ``X-Request-ID``.
+Transcripts go in the shape Fleet's session viewer shows, images capped, every
+credential scrubbed by value.
 """
 
 from __future__ import annotations
@@ -59,7 +34,7 @@ from fleetenv.core.errors import (
 )
 from fleetenv.core.redaction import redact_value, register_secret
 from fleetenv.core.retry import Deadline, RetryPolicy
-from fleetenv.fleet.classify import error_detail
+from fleetenv.fleet.classify import error_detail, request_error
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.core.types import RolloutResult
@@ -70,8 +45,6 @@ __all__ = ["TraceClient", "TraceOptions", "TraceReport", "TraceUploadError",
 
 logger = logging.getLogger("fleetenv.traces")
 
-#: HTTP statuses after which the same upload may succeed later.
-_TRANSIENT = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Errors kept in the report (the count is exact; the texts are samples).
 _KEPT_ERRORS = 20
 #: A turn footer a harness appends to an observation for the model (``[Turn 3/64]``):
@@ -399,13 +372,11 @@ class TraceClient:
                     response = sdk.client.request("POST", path, json=body, base_url=base_url,
                                                   extra_headers={"X-Request-ID": request_id})
                 return response.json()
-            except TraceUploadError:
-                raise
             except DeadlineExceeded as exc:
                 raise TraceUploadError(f"{what} ran out of its {deadline.seconds or 0:g} s budget",
                                        **context) from exc
             except Exception as exc:
-                raise _upload_error(exc, what, context) from exc
+                raise request_error(exc, what, TraceUploadError, **context) from exc
 
         def give_up(exc: Exception, attempts: int) -> Exception:
             return TraceUploadError(f"{what} failed {attempts} time(s) within its "
@@ -437,26 +408,6 @@ def _base_url(value: Any) -> str:
             f"jobs_url is not a base URL: {problem}", field="traces.jobs_url",
             hint='e.g. TraceOptions(job, jobs_url="https://traces.example.com")')
     return str(value).strip().rstrip("/")
-
-
-def _upload_error(exc: Exception, what: str, context: dict[str, Any]) -> TraceUploadError:
-    """Transient (429, 5xx, no answer, timeout) or not, by type and status only."""
-    from fleet import exceptions as fx
-
-    if isinstance(exc, fx.FleetAuthenticationError):
-        return TraceUploadError(f"{what}: Fleet rejected the API key (401)",
-                                hint="check FLEET_API_KEY", **context)
-    if isinstance(exc, fx.FleetRateLimitError | fx.FleetTimeoutError):
-        return TraceUploadError(f"{what}: {error_detail(exc)}", retryable=True, **context)
-    if isinstance(exc, fx.FleetAPIError):
-        status = exc.status_code
-        transient = status is None or status in _TRANSIENT
-        answered = "no answer" if status is None else f"Fleet answered {status}"
-        return TraceUploadError(f"{what}: {answered}: {error_detail(exc)}", retryable=transient,
-                                **context)
-    if isinstance(exc, ValueError):  # an answer that is not the JSON the SDK models expect
-        return TraceUploadError(f"{what}: unexpected answer: {error_detail(exc)}", **context)
-    return TraceUploadError(f"{what}: {error_detail(exc)}", **context)
 
 
 # ----- the background uploader -------------------------------------------------------------

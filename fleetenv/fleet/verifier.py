@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from fleetenv.core.errors import DeadlineExceeded, FleetEnvError
 from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.core.types import Grade, GradeReason, GradeStatus
-from fleetenv.fleet.classify import provisioning_error
+from fleetenv.fleet.classify import is_gone, provisioning_error
 from fleetenv.fleet.verifier_output import judge_failed, parse_partial
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -151,7 +151,7 @@ def verify(
                                                                     Exception):
             exc = wrapped.__cause__
         seconds = time.monotonic() - started
-        reason = (GradeReason.INSTANCE_GONE if _looks_gone(exc)
+        reason = (GradeReason.INSTANCE_GONE if is_gone(exc)
                   else GradeReason.VERIFIER_UNREACHABLE)
         logger.warning("verifier for task %s could not run: %s", task_key, exc)
         status = getattr(exc, "status_code", None)
@@ -195,9 +195,3 @@ def _error_text(error: Any) -> str:
         kind = error.get("type") or "Error"
         return f"{kind}: {error.get('message') or error}"
     return str(error) if error else "verifier failed without an error message"
-
-
-def _looks_gone(exc: Exception) -> bool:
-    from fleet import exceptions as fx
-
-    return isinstance(exc, fx.FleetAPIError) and exc.status_code in (404, 410)

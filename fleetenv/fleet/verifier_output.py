@@ -1,35 +1,9 @@
 """Reading what a verifier says besides its score: judge errors, accumulators, apps.
 
 Fleet's verifiers print structured text to stdout, and trainers built on OpenEnv's
-``fleet_env`` grade from it. These parsers keep its rules exactly, because reward curves of
-running experiments depend on them:
-
-- A line that *starts* with ``JUDGE ERROR:`` means the LLM judge inside a verifier failed
-  (a brownout), whatever score the run returned: the grade is unknown, and the run may be
-  retried. A mention in the middle of a line is not one.
-- ``>>> ERROR_ACCUMULATOR >>>`` / ``>>> SUCCESS_ACCUMULATOR >>>`` blocks hold Python list
-  literals of failed and passed checks; the partial score is ``passed / (failed + passed)``.
-- A multi-app verifier prints ``App <name>: 0|1`` per app, each app's own output between
-  ``<<< VERIFY_<name> <<<`` and ``>>> VERIFY_<name> >>>``. An app that passed only by
-  saying nothing changed ("no unexpected changes", "No filesystem changes",
-  "No-unexpected-envelopes") is *trivial* and counts for nothing: it would pay an agent
-  for doing nothing there.
-
-Where the previous client's parser and this one differ at the edges, and why, is listed
-in docs/porting.md ("Partial rewards at the edges"): the same rules, except that a
-``PASS: No filesystem changes`` line makes an app trivial without a ``SUCCESS`` block, and
-an accumulator that is not a list literal is unreadable (the original counted a string's
-characters).
-
-Which verifiers want the conversation is decided from the parsed source (``ast``), not a
-regular expression, which would miss multi-line signatures and defaults that contain
-parentheses. Each source is parsed once (cached).
-
-CPython before 3.11.8 / 3.12.2 builds AST objects with state shared by all threads, and
-two threads building at once can fail with a spurious ``SystemError: AST constructor
-recursion depth mismatch`` (gh-106905). Grading threads run these parsers at once, so
-every ``ast`` call here goes through :func:`_build_ast`: one at a time, and retried if
-another library's thread clashed with it anyway.
+``fleet_env`` grade from it; these parsers keep its rules exactly (docs/grading.md), and
+where they differ at the edges, docs/porting.md says why. Which verifiers want the
+conversation is read from the parsed source (``ast``), once per source.
 """
 
 from __future__ import annotations
@@ -71,8 +45,10 @@ _TRIVIAL = re.compile("|".join(map(re.escape, _TRIVIAL_MARKERS)), re.IGNORECASE)
 
 
 def _build_ast(build: Callable[[], _T]) -> _T:
-    """``build()`` (an ``ast`` call) under the process's AST lock; a spurious
-    ``SystemError`` from a clash with a thread outside fleetenv is retried."""
+    """``build()`` (an ``ast`` call) under the process's AST lock: CPython before
+    3.11.8 / 3.12.2 shares AST-building state between threads, and two building at once
+    can fail with a spurious ``SystemError`` (gh-106905). One that happens anyway (a
+    thread outside fleetenv clashed with it) is retried."""
     for attempt in range(1, _AST_ATTEMPTS + 1):
         with _AST_LOCK:
             try:

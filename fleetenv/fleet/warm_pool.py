@@ -1,38 +1,9 @@
 """Warm pool: reuse a session's instances between episodes instead of re-creating them.
 
-    from fleetenv.fleet.warm_pool import WarmPool
-
-    with fleetenv.Session() as session, WarmPool(session, max_instances=8):
-        for task in tasks:
-            fleetenv.run_episode(task, policy, session=session)   # reuses instances
-
-Creating an instance is most of an episode's fixed cost; resetting one (the manager API's
-``/reset``: the local Fleet restores its seed database, Fleet resets the environment) is
-a fraction of it. The pool is opt-in, per session, and conservative:
-
-* **Same environment only.** An instance is handed to an episode whose request matches
-  the one it was created for: env and data keys and versions, env variables, modality,
-  region and run tag.
-* **Reset right before reuse.** A warm instance is reset when it is taken, within
-  ``timeouts.reset``; if the reset fails it is deleted and the next one (or a fresh
-  create) is used.
-* **Never dirty.** An instance comes back only from an episode that closed normally: not
-  cancelled, interrupted or errored (``close(grade=False)``), and without a tool call
-  that failed in transport, timed out or may still be running on the server. Anything
-  else is deleted, as without a pool.
-* **Hard cap.** At most ``max_instances`` idle instances; one more is deleted. Idle
-  instances keep their ``max_live_instances`` slot, so when the session's live cap is
-  full and no idle instance fits a request, the oldest idle one is deleted to make room.
-* **Expiry before TTL.** An instance is handed out only while at least
-  ``expire_before_ttl_s`` of its TTL is left, and kept at most ``max_idle_s`` without
-  use. Default margin: a whole episode plus grading when ``timeouts.episode`` is set
-  below the TTL; otherwise (the episode deadline defaults to the TTL itself, so no
-  margin could fit a whole one) half the TTL: an instance serves episodes during the
-  first half of its life.
-
-There is no background thread: expired idle instances are deleted at the next take or
-return, by :meth:`WarmPool.trim`, and at :meth:`WarmPool.close` (the session's close
-deletes them too, as it deletes every instance it holds).
+The rules (same environment only, reset right before reuse, never a dirty instance, a
+hard cap, expiry before the TTL) are in docs/warm-pool.md. There is no background
+thread: expired idle instances are deleted at the next take or return
+(:meth:`WarmPool.trim`) and at :meth:`WarmPool.close`.
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """Tool arguments checked against the tool's input schema before anything is sent.
 
 Servers commonly ignore arguments they do not declare, so a model that invents a
-parameter name (the most common tool-use mistake) gets a plausible answer and learns
-nothing. Here the arguments are checked with the ``jsonschema`` package against the
-schema the server listed, and what is wrong comes back as one
-:class:`~fleetenv.core.errors.ToolArgumentsError` whose message names every problem, e.g.::
-
-    search_tickets: unknown argument 'query' (this tool takes: status, priority, ...)
-
-Three modes (``FleetEnv(check_arguments=...)``):
-
-- ``"strict"`` (default): schema errors (missing required, wrong type, enum, bounds ...)
-  **and** undeclared properties. An object schema that lists ``properties`` and says
-  nothing about ``additionalProperties`` / ``patternProperties`` /
-  ``unevaluatedProperties`` is treated as closed; an explicit
-  ``additionalProperties: true`` (or a schema for extra values) is honoured. Schemas
-  built by composition (``allOf``, ``$ref`` beside ``properties`` ...) are left as the
-  server wrote them, since closing one part would reject properties another part
-  declares.
-- ``"lenient"``: the schema exactly as the server wrote it (undeclared properties pass,
-  unless the schema itself forbids them).
-- ``"off"``: nothing is checked.
-
-Nothing is ever changed: the arguments sent are exactly the agent's. ``format`` is not
-checked (servers rarely enforce it). A tool whose schema is invalid, or cannot be used
-(an unresolvable ``$ref``; nothing is fetched), is logged once (logger ``fleetenv.mcp``)
-and its calls are sent unchecked: a server's broken schema must not break the episode.
-
-:func:`require_object` is the shape check of the MCP layer (``ToolRouter`` /
-``MCPConnection``): arguments are a JSON object or nothing, never a list of pairs turned
-into a dict behind the caller's back.
+parameter name gets a plausible answer and learns nothing. The modes (``"strict"``,
+``"lenient"``, ``"off"``) are in docs/episodes.md; strict closes what :func:`close_objects`
+may close. Nothing is ever changed: the arguments sent are exactly the agent's.
+``format`` is not checked (servers rarely enforce it). A schema that is invalid or cannot
+be used (an unresolvable ``$ref``; nothing is fetched) is logged once and its calls go
+unchecked: a server's broken schema must not break the episode.
 """
 
 from __future__ import annotations
@@ -40,7 +17,6 @@ import json
 import logging
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from fleetenv.core.errors import ConfigurationError, ToolArgumentsError
@@ -114,14 +90,6 @@ def require_object(tool: str, arguments: object) -> dict[str, Any]:
         f"{arguments!r:.{_VALUE_CHARS * 2}}", hint=hint, tool=tool)
 
 
-@dataclass(frozen=True)
-class _Compiled:
-    """One tool's ready validator, and its top-level parameter names (for messages)."""
-
-    validator: Validator
-    declared: tuple[str, ...]
-
-
 class ArgumentChecker:
     """Checks calls against their tools' input schemas.
 
@@ -135,17 +103,17 @@ class ArgumentChecker:
     def __init__(self, mode: ArgumentsMode = "strict") -> None:
         self.mode: ArgumentsMode = check_mode(mode)
         # name -> (the Tool it was built for, its validator or None when unusable)
-        self._cache: dict[str, tuple[Tool, _Compiled | None]] = {}
+        self._cache: dict[str, tuple[Tool, Validator | None]] = {}
 
     def check(self, tool: Tool, arguments: Mapping[str, Any]) -> None:
         """Raise :class:`ToolArgumentsError` naming every problem; return if none."""
         if self.mode == "off":
             return
-        compiled = self._compiled(tool)
-        if compiled is None:
+        validator = self._validator(tool)
+        if validator is None:
             return
         try:
-            errors = list(compiled.validator.iter_errors(arguments))
+            errors = list(validator.iter_errors(arguments))
         except RecursionError:
             raise ToolArgumentsError(
                 f"{tool.name}: the arguments are nested too deeply to check",
@@ -156,7 +124,7 @@ class ArgumentChecker:
             return
         if errors:
             errors.sort(key=lambda e: _ORDER.get(str(e.validator), len(_ORDER)))
-            problems = _dedupe(p for error in errors for p in _describe(error, compiled))
+            problems = _dedupe(p for error in errors for p in _describe(error))
             if len(problems) > _MAX_PROBLEMS:
                 problems = [*problems[:_MAX_PROBLEMS],
                             f"and {len(problems) - _MAX_PROBLEMS} more"]
@@ -165,13 +133,13 @@ class ArgumentChecker:
                 hint="call the tool again with the parameters its schema declares",
                 tool=tool.name)
 
-    def _compiled(self, tool: Tool) -> _Compiled | None:
+    def _validator(self, tool: Tool) -> Validator | None:
         cached = self._cache.get(tool.name)
         if cached is not None and cached[0] is tool:
             return cached[1]
-        compiled = _SHARED.get(tool, self.mode)
-        self._cache[tool.name] = (tool, compiled)
-        return compiled
+        validator = _SHARED.get(tool, self.mode)
+        self._cache[tool.name] = (tool, validator)
+        return validator
 
     def _give_up(self, tool: Tool, exc: Exception) -> None:
         _log.warning("tool %r at %s: its input schema cannot be applied (%s: %s); its "
@@ -181,7 +149,7 @@ class ArgumentChecker:
         _SHARED.forget(tool, self.mode)
 
 
-def _compile(tool: Tool, mode: ArgumentsMode) -> _Compiled | None:
+def _compile(tool: Tool, mode: ArgumentsMode) -> Validator | None:
     """A validator for ``tool``'s schema, or ``None`` (logged) when it is unusable."""
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import Draft202012Validator, validator_for
@@ -202,9 +170,7 @@ def _compile(tool: Tool, mode: ArgumentsMode) -> _Compiled | None:
         return None
     if mode == "strict":
         schema = close_objects(schema)
-    properties = schema.get("properties")
-    declared = tuple(properties) if isinstance(properties, Mapping) else ()
-    return _Compiled(validator=cls(schema), declared=declared)
+    return cls(schema)
 
 
 class _SharedValidators:
@@ -221,20 +187,20 @@ class _SharedValidators:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str], _Compiled | None] = {}
+        self._entries: dict[tuple[str, str], Validator | None] = {}
 
-    def get(self, tool: Tool, mode: ArgumentsMode) -> _Compiled | None:
+    def get(self, tool: Tool, mode: ArgumentsMode) -> Validator | None:
         key = self._key(tool, mode)
         if key is None:
             return _compile(tool, mode)
         with self._lock:
             if key in self._entries:
                 return self._entries[key]
-        compiled = _compile(tool, mode)  # outside the lock: it may take milliseconds
+        validator = _compile(tool, mode)  # outside the lock: it may take milliseconds
         with self._lock:
             if len(self._entries) >= self._MAX:
                 self._entries.clear()
-            return self._entries.setdefault(key, compiled)
+            return self._entries.setdefault(key, validator)
 
     def forget(self, tool: Tool, mode: ArgumentsMode) -> None:
         key = self._key(tool, mode)
@@ -345,13 +311,13 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _describe(error: ValidationError, compiled: _Compiled) -> list[str]:
+def _describe(error: ValidationError) -> list[str]:
     """The problems one jsonschema error stands for, as short phrases for an agent."""
     path = list(error.absolute_path)
     where = _where(path)
     kind = error.validator
     if kind == "additionalProperties" and isinstance(error.instance, Mapping):
-        return _unknown(error, path, compiled)
+        return _unknown(error, path)
     if kind == "required" and isinstance(error.instance, Mapping):
         properties = error.schema.get("properties", {}) if isinstance(error.schema, Mapping) else {}
         return [f"missing required argument {_where([*path, name])!r}"
@@ -369,14 +335,14 @@ def _describe(error: ValidationError, compiled: _Compiled) -> list[str]:
         return [f"{subject} must be {_value(error.validator_value)}; got "
                 f"{_value(error.instance)}"]
     if kind in ("anyOf", "oneOf") and error.context:
-        return _alternatives(error, subject, compiled)
+        return _alternatives(error, subject)
     message = error.message
     if len(message) > 200:
         message = message[:200] + "..."
     return [f"{subject}: {message}"]
 
 
-def _unknown(error: ValidationError, path: list[Any], compiled: _Compiled) -> list[str]:
+def _unknown(error: ValidationError, path: list[Any]) -> list[str]:
     schema = error.schema if isinstance(error.schema, Mapping) else {}
     properties = schema.get("properties")
     declared = list(properties) if isinstance(properties, Mapping) else []
@@ -431,7 +397,7 @@ def _expect(schema: Mapping[str, Any]) -> str:
     return ""
 
 
-def _alternatives(error: ValidationError, subject: str, compiled: _Compiled) -> list[str]:
+def _alternatives(error: ValidationError, subject: str) -> list[str]:
     """An ``anyOf``/``oneOf`` failure: the errors of the one branch whose type fits the
     value when there is exactly one; else what the alternatives accept."""
     got = _json_type(error.instance)
@@ -441,7 +407,7 @@ def _alternatives(error: ValidationError, subject: str, compiled: _Compiled) -> 
     fitting = [errors for errors in branches.values()
                if not any(e.validator == "type" and not e.relative_path for e in errors)]
     if len(fitting) == 1:
-        return [p for sub in fitting[0] for p in _describe(sub, compiled)]
+        return [p for sub in fitting[0] for p in _describe(sub)]
     schemas = error.validator_value if isinstance(error.validator_value, list) else []
     accepted = " or ".join(e for e in (_expect(s) for s in schemas if isinstance(s, Mapping))
                            if e)

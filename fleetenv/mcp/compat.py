@@ -1,39 +1,11 @@
 """Every difference between the ``mcp`` 2.x releases fleetenv supports, in one place.
 
-fleetenv declares ``mcp>=2.0,<3``: ``verifiers`` 0.4 pins ``mcp==2.0.0``, and users install
-fleetenv beside it. The 2.x releases share the client and server API fleetenv uses
-(``ClientSession``, ``streamable_http_client``, ``MCPServer``, the session manager, the
-types), but differ in a few signatures and behaviours. Code elsewhere in fleetenv asks
-this module instead of checking versions itself, so that supporting (or dropping) a
-release is an edit here and nowhere else.
-
-Differences are detected from the installed package, by feature wherever the feature has
-a public marker (a keyword argument) and by version number otherwise.
-What each one means on an older release is listed in `MCPFeatures` and, for users, in
-``docs/platforms.md``:
-
-==========================  ======  ===================================================
-feature                     since   on older releases
-==========================  ======  ===================================================
-``message_limit_settable``  2.3     one MCP message (one SSE event) may be at most the
-                                    ``httpx2`` default (1 MiB); a larger tool result
-                                    fails as a call that may have run
-``hides_crash_text``        2.1     ``MCPServer`` (the local Fleet) sends the text of an
-                                    unexpected exception in a tool to the client
-``boolean_subschemas``      2.1     a tool whose ``inputSchema`` has a boolean property
-                                    schema (``"x": true``) makes ``tools/list`` fail
-``drops_newer_fields``      2.1     a result field of a newer protocol revision than the
-                                    negotiated one is validated, and may fail the result
-``same_origin_redirects``   2.2     no redirect is followed: an endpoint that redirects
-                                    (say ``/mcp`` to ``/mcp/``) fails to connect; use
-                                    the URL it redirects to
-``local_schema_refs``       2.2     a ``$ref`` in a tool's output schema may be fetched
-                                    over the network by ``jsonschema`` (deprecated
-                                    behaviour) and an unresolvable one is not a clean
-                                    error
-==========================  ======  ===================================================
-
-Importing this module is cheap: ``mcp`` and ``httpx2`` are imported on the first call.
+fleetenv declares ``mcp>=2.0,<3`` (``verifiers`` 0.4 pins ``mcp==2.0.0``). The 2.x
+releases share the API fleetenv uses but differ in a few signatures and behaviours; code
+elsewhere asks this module instead of checking versions. Each difference is detected from
+the installed package, by feature where it has a public marker (a keyword argument), else
+by version: `MCPFeatures` lists them, docs/platforms.md says what each means on an older
+release. Importing this module is cheap: ``mcp`` and ``httpx2`` load on the first call.
 """
 
 from __future__ import annotations
@@ -142,8 +114,8 @@ def features() -> MCPFeatures:
         message_limit_settable=settable,
         sse_event_limit=None if settable else _httpx2_event_limit(),
         hides_crash_text=parsed[:2] >= _HIDES_CRASH_TEXT_SINCE,
-        boolean_subschemas=_at_least(importlib.metadata.version("mcp-types"),
-                                     _BOOLEAN_SUBSCHEMAS_SINCE),
+        boolean_subschemas=(_parse(importlib.metadata.version("mcp-types"))[:2]
+                            >= _BOOLEAN_SUBSCHEMAS_SINCE),
         drops_newer_fields=parsed[:2] >= _DROPS_NEWER_FIELDS_SINCE,
         same_origin_redirects=parsed[:2] >= _SAME_ORIGIN_REDIRECTS_SINCE,
         local_schema_refs=parsed[:2] >= _LOCAL_SCHEMA_REFS_SINCE,
@@ -197,10 +169,6 @@ def _parse(version: str) -> tuple[int, int, int]:
     numbers = [int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3]]
     numbers += [0] * (3 - len(numbers))
     return numbers[0], numbers[1], numbers[2]
-
-
-def _at_least(version: str, since: tuple[int, int]) -> bool:
-    return _parse(version)[:2] >= since
 
 
 def _httpx2_event_limit() -> int | None:

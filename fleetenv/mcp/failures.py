@@ -1,30 +1,21 @@
 """What an MCP failure means: never sent, may have run, session lost, or cannot connect.
 
 The ``mcp`` client reports transport trouble as JSON-RPC error codes, anyio stream
-errors, httpx2 errors and exception groups around them. Each of those has to be turned
-into one of four answers, because each answer allows a different action:
+errors, httpx2 errors and exception groups around them. Each is turned here, once, on
+types and codes, into one of four answers, because each allows a different action
+(docs/mcp.md, "What is retried"):
 
-* **cannot connect** (`connect_error`): opening a session failed, so nothing with an
-  effect was sent. The `ConnectError` names the endpoint and says, in ``retryable``,
-  whether a server that is still starting could explain it (refused, 502/503/504, a
-  handshake cut short) or whether trying again cannot help (404/405 "no MCP here",
-  401/403 "bad credentials").
-* **never sent** (`NeverSent`): a request provably did not reach a tool (the write
-  stream was closed, or the server turned it away because it no longer knows the
-  session, which it checks before dispatching anything: see `session_gone_answer`).
-  Only such a call may be sent again.
-* **may have run** (`ToolCallMayHaveRunError`): the request may have reached the tool
-  (the connection dropped mid-call, a gateway answered an HTTP error). It is never
-  replayed: a second booking is worse than a failed step.
-* **session lost** (`session_lost`): the session is useless now; the next operation
-  opens a new one, and read-only work (listing tools) may simply be repeated.
+* **cannot connect** (`connect_error`): nothing with an effect was sent; ``retryable``
+  says whether a server that is still starting could explain it.
+* **never sent** (`NeverSent`): the request provably did not reach a tool (the write
+  stream was closed, or the server no longer knew the session: `session_gone_answer`);
+  only such a call may be sent again.
+* **may have run** (`ToolCallMayHaveRunError`): never replayed.
+* **session lost** (`session_lost`): the next operation opens a new session, and
+  read-only work may simply be repeated.
 
-These decisions are made here once, on types and codes, so that the connection code
-reads as the operations it performs and every retry in fleetenv (`RetryPolicy`) can
-trust ``err.retryable`` instead of matching messages again.
-
-``mcp``, ``httpx2`` and ``anyio`` are imported inside the functions: they are only
-called once a session exists, and ``import fleetenv`` must stay cheap.
+``mcp``, ``httpx2`` and ``anyio`` are imported inside the functions: ``import fleetenv``
+must stay cheap.
 """
 
 from __future__ import annotations

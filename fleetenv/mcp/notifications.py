@@ -1,16 +1,9 @@
 """What an MCP server tells us unasked: tool list changes, log messages, tool progress.
 
-A server sends notifications on the open session at any time: ``tools/list_changed``
-when its tools change (a tool is unlocked mid-episode), ``message`` for its logs, and
-``progress`` while a long tool call runs (when the call carried a progress token).
-`MCPConnection` turns each into one small frozen value below and hands it to the
-``on_notification`` callback it was given; the env layer maps them to its events. This
-layer knows no events, episodes or rollout ids.
-
-The callback runs on the fleetenv loop thread, inside the session's receive path: it
-must be cheap (append to a list, put on a queue) and must not block. An exception it
-raises is logged and dropped, never raised into the session: a broken observer must
-not break the episode it observes.
+`MCPConnection` turns each notification into one small frozen value below and hands it
+to its ``on_notification`` callback (docs/mcp.md); this layer knows no events, episodes
+or rollout ids. The callback runs on the fleetenv loop thread, in the session's receive
+path: an exception it raises is logged and dropped, never raised into the session.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""MCP resources: what a server lists (`Resource`, `ResourceTemplate`) and reading them.
+"""MCP resources: what a server lists (`Resource`, `ResourceTemplate`) and reading them
+(docs/mcp.md).
 
-Resources are the read-only side of MCP: documents, records or files a server exposes
-by URI, besides its tools. An environment may serve its schema, a seed file or a help
-page this way; a result may link to one (`ResourceLinkBlock`) for the caller to read.
-
-This module holds the typed values and the protocol steps on an open ``ClientSession``
-(all pages, bounded; errors turned into fleetenv errors); `MCPConnection` and
-`ToolRouter` own the sessions and the reconnects. What a read returns is a tuple of
-`ResourceBlock` (``text`` or base64 ``blob``, with its ``uri`` and MIME type), the same
-blocks a tool result embeds, so a caller renders both the same way.
-
-A server that does not declare the ``resources`` capability simply has none: listing
-returns ``[]`` (most Fleet environments serve tools only), reading raises.
-
-``mcp`` is imported inside the functions: ``import fleetenv`` stays cheap.
+The typed values and the protocol steps on an open ``ClientSession`` (every page,
+bounded; errors as fleetenv errors); `MCPConnection` and `ToolRouter` own the sessions
+and the reconnects. A read returns `ResourceBlock` values, the blocks a tool result
+embeds. A server without the ``resources`` capability has none: listing returns ``[]``.
 """
 
 from __future__ import annotations
@@ -46,9 +37,12 @@ _METHOD_NOT_FOUND = -32601
 _RESOURCE_NOT_FOUND = -32002
 
 
-def _meta(model: Any) -> dict[str, Any] | None:
-    meta = getattr(model, "meta", None)
-    return dict(meta) if meta else None
+def _listed(item: Any, endpoint: str) -> dict[str, Any]:
+    """The fields an ``mcp.types`` resource and resource template share."""
+    return {"name": item.name, "endpoint": endpoint, "title": item.title,
+            "description": item.description, "mime_type": item.mime_type,
+            "annotations": ContentAnnotations.from_mcp(item.annotations),
+            "meta": dict(item.meta) if item.meta else None}
 
 
 @dataclass(frozen=True)
@@ -68,18 +62,7 @@ class Resource:
     @classmethod
     def from_mcp(cls, resource: Any, endpoint: str) -> Resource:
         """From an ``mcp.types.Resource`` listed by ``endpoint``."""
-        size = getattr(resource, "size", None)
-        return cls(
-            uri=str(resource.uri),
-            name=resource.name,
-            endpoint=endpoint,
-            title=getattr(resource, "title", None),
-            description=resource.description,
-            mime_type=resource.mime_type,
-            size=int(size) if size is not None else None,
-            annotations=ContentAnnotations.from_mcp(getattr(resource, "annotations", None)),
-            meta=_meta(resource),
-        )
+        return cls(uri=str(resource.uri), size=resource.size, **_listed(resource, endpoint))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (``None`` fields left out)."""
@@ -102,16 +85,7 @@ class ResourceTemplate:
     @classmethod
     def from_mcp(cls, template: Any, endpoint: str) -> ResourceTemplate:
         """From an ``mcp.types.ResourceTemplate`` listed by ``endpoint``."""
-        return cls(
-            uri_template=str(template.uri_template),
-            name=template.name,
-            endpoint=endpoint,
-            title=getattr(template, "title", None),
-            description=template.description,
-            mime_type=template.mime_type,
-            annotations=ContentAnnotations.from_mcp(getattr(template, "annotations", None)),
-            meta=_meta(template),
-        )
+        return cls(uri_template=str(template.uri_template), **_listed(template, endpoint))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (``None`` fields left out)."""
@@ -132,10 +106,8 @@ def _to_dict(item: Resource | ResourceTemplate) -> dict[str, Any]:
 
 def has_resources(session: ClientSession) -> bool:
     """Did the server declare the ``resources`` capability in its handshake?"""
-    capabilities = getattr(session, "server_capabilities", None)
-    if callable(capabilities):  # older mcp: a method, not a property
-        capabilities = capabilities()
-    return capabilities is not None and getattr(capabilities, "resources", None) is not None
+    capabilities = session.server_capabilities
+    return capabilities is not None and capabilities.resources is not None
 
 
 async def _paginate(fetch: Callable[[Any], Awaitable[Any]], items: str) -> list[Any]:

@@ -71,20 +71,17 @@ class Tool:
     @classmethod
     def from_mcp(cls, tool: Any, endpoint: str) -> Tool:
         """Build from an ``mcp.types.Tool`` listed by ``endpoint``."""
-        annotations = getattr(tool, "annotations", None)
-        title = getattr(tool, "title", None) or getattr(annotations, "title", None)
-        meta = getattr(tool, "meta", None)
-        execution = getattr(tool, "execution", None)  # absent before mcp 2.x's tasks
+        annotations = tool.annotations
         return cls(
             name=tool.name,
             description=tool.description or "",
             input_schema=dict(tool.input_schema or {}),
             output_schema=dict(tool.output_schema) if tool.output_schema else None,
             endpoint=endpoint,
-            title=title,
+            title=tool.title or (annotations.title if annotations is not None else None),
             hints=ToolHints.from_mcp(annotations),
-            meta=dict(meta) if meta else None,
-            execution=_wire_dict(execution),
+            meta=dict(tool.meta) if tool.meta else None,
+            execution=_wire_dict(tool.execution),
         )
 
     def openai(self) -> dict[str, Any]:
