@@ -1,18 +1,11 @@
 """How an episode looks: its outcome, its transcript as HTML, and the notebook displays.
 
-Everything in a transcript is untrusted (a tool result is whatever the app or a web
-page returned), so every string goes through :func:`html.escape`, and an image is shown
-only when its URL is an inline ``data:image/...;base64,`` URL of a raster format (never
-SVG, which can carry script, and never a remote URL, which would reach the network).
-
-The notebook displays are the bodies of ``_repr_html_`` / ``_repr_png_``: an observation
-shows its step, tool, error and text, with screenshots as images; a rollout result its
-outcome, reward, timings, error and a collapsible transcript; a summary its table. Inline
-styles only: a notebook may drop ``<style>`` blocks and must not be restyled.
-
-Pure functions of plain data, below the classes they draw (``Observation``,
-``RolloutResult``), which call them and which they read by attribute only; the reports
-build their pages with them.
+Everything in a transcript is untrusted, so every string goes through :func:`html.escape`,
+and an image is shown only from an inline ``data:image/...;base64,`` URL of a raster
+format (never SVG, which can carry script, nor a remote URL, which would reach the
+network). Inline styles only: a notebook may drop ``<style>`` blocks. Pure functions of
+plain data, read by attribute from the classes they draw (``Observation``,
+``RolloutResult``), which call them; the reports build their pages with them.
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """The episode contract of fleetenv, in one file: what goes in, what comes out.
 
-Read top to bottom, this is everything a caller of :class:`~fleetenv.FleetEnv` (or a
-trainer adapter) exchanges with an episode. It is plain data: no I/O, no event loop,
-nothing from the layers above (the typed tool result an observation carries is core's
-too: :mod:`fleetenv.core.tool_results`), so every layer of fleetenv can use it::
-
-    obs, info = env.reset()                    # Observation, ResetInfo
-    result = env.step(ToolCall("get_ticket", {"ticket_id": 7}))   # an Action
-    obs, reward, terminated, truncated, info = result             # StepResult, StepInfo
-    env.grade                                  # Grade: the reward, or unknown with a reason
-
-1. **Vocabularies**: :class:`Modality` (how the agent acts), :class:`StopReason` (why an
-   episode ended), :class:`GradeStatus` and :class:`GradeReason` (whether the reward is
-   a grade, and why not). ``str`` enums: each member *is* its string.
-2. **Actions**: :class:`ToolCall`, :class:`FinalAnswer`, :class:`Done`,
-   :class:`ListTools`, and :data:`Action`, their union. ``step()`` also takes the other
-   forms in circulation (OpenAI and OpenEnv dicts, a model's whole turn);
-   :func:`fleetenv.env.actions.parse_action` and :mod:`fleetenv.env.turns` read them
-   into these.
-3. **Observations**: :class:`Observation`, chat-ready (OpenAI content parts and
-   messages) and typed (the tool result).
-4. **Grades**: :class:`Grade` (and :class:`AppGrade`), the verifier's verdict: a float
-   reward, or ``None`` with a reason, never a stand-in 0.0.
-5. **Steps**: :class:`StepResult`, the Gymnasium 5-tuple with names; :class:`StepInfo`
-   and :class:`ResetInfo`, every key ``step()`` and ``reset()`` put in ``info``.
-6. **Results**: :class:`RolloutResult`, one finished rollout as a record (one JSONL line
-   of a results file).
-
-The options that shape an episode (step limit, tool checks, how a turn is read) are
-:class:`fleetenv.EpisodeOptions`, next to the env that applies them.
+Plain data, no I/O, nothing from the layers above, so every layer can use it. Read top
+to bottom: the vocabularies (``Modality``, ``StopReason``, ``GradeStatus``,
+``GradeReason``; ``str`` enums), the actions (``ToolCall``, ``FinalAnswer``, ``Done``,
+``ListTools``: :data:`Action`), ``Observation``, ``Grade``, the steps (``StepResult``,
+``StepInfo``, ``ResetInfo``) and ``RolloutResult``. docs/reference/episodes.md renders
+them; the options are :class:`fleetenv.EpisodeOptions`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """What the actions of one step do: tool calls, local tools, final answers, turns.
 
-``FleetEnv.step`` reads the action (or the model's whole turn) into typed actions and
-hands them here, in order. This module owns what each one means for the episode:
-
-- A tool call is checked first: an unknown tool or arguments that do not fit are
-  refused, and nothing is sent. Then it is sent once, within the episode deadline.
-  Whether its result is an error is decided here and only here, by the env's tool-error
-  rule. Every failure is an observation the agent sees, never a crash; a call that may
-  have run is never replayed, and its instance is never reused (tainted).
-- A context tool or meta-tool is answered locally; a final answer is recorded and ends
-  the episode; ``Done`` ends it; ``ListTools`` shows the tool list again.
-- A whole turn gets one observation: every call's result, or why it could not be read.
-
-Every tool call emits exactly one ``ToolCallFinished`` (plus ``ToolCallFailed`` when it
-got no answer, ``ToolErrorReported`` for an error the tool reported).
+A tool call is checked first (unknown tool, arguments that do not fit: nothing is sent),
+then sent once within the episode deadline; whether its result is an error is decided
+here only, by the env's tool-error rule. Every failure is an observation, a call that may
+have run is never replayed and taints its instance. Local tools are answered here; a
+whole turn gets one observation. Each call emits one ``ToolCallFinished`` (docs/events.md).
 """
 
 from __future__ import annotations

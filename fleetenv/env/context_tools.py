@@ -1,25 +1,12 @@
 """Context tools: let an agent manage its own conversation in long episodes.
 
-Five tools answered by fleetenv itself, never by the environment's MCP servers:
-
-- ``check_context``: how many turns are visible, how many exist, how many were dropped;
-- ``manage_context(keep_recent_turns)``: drop old turns (the caller adopts the new
-  history);
-- ``search_history(pattern)``: search every message, dropped ones included;
-- ``search_tool_output(pattern)`` / ``view_tool_output(page, page_size)``: search or page
-  through the last tool output, which the agent only saw truncated.
-
-Their names, argument schemas and answers are those of OpenEnv's ``fleet_env``
-``ContextManager``, so a model trained on one sees the same tools on the other, with
-three differences: ``manage_context`` keeps the first ``user`` message (the task) and
-never starts the kept part with an orphaned ``tool`` message (chat APIs reject a tool
-result whose call was dropped); ``search_history`` reads the text parts of list contents
-(every tool result here is one); argument values are checked against the schemas below
-before a tool runs.
-
-:class:`ContextTools` is the whole engine, free of I/O: ``FleetEnv(context_tools=True)``
-keeps one per episode, and a training loop that keeps its own chat history can use one
-directly.
+Five tools answered by fleetenv itself, never by MCP (docs/context-tools.md), with the
+names, schemas and answers of OpenEnv's ``fleet_env`` ``ContextManager``, except:
+``manage_context`` keeps the task's ``user`` message and never starts the kept part with
+an orphaned ``tool`` message (chat APIs reject it); ``search_history`` reads the text
+parts of list contents; arguments are checked against the schemas before a tool runs.
+:class:`ContextTools` is the whole engine, free of I/O: ``FleetEnv`` keeps one per
+episode, and a training loop with its own chat history can use one directly.
 """
 
 from __future__ import annotations

@@ -1,38 +1,13 @@
 """``FleetEnv``: one Fleet task as a blocking ``reset / step / close`` environment.
 
-Lifecycle::
-
-    with FleetEnv(task) as env:                  # nothing remote happens yet
-        obs, info = env.reset()                  # provision, open MCP, list tools
-        while True:
-            obs, reward, terminated, truncated, info = env.step(action)
-            if terminated or truncated:
-                break                            # reward is the grade (or None: unknown)
-    # close(): grade an abandoned episode, close MCP sessions, delete the instance
-
-Who owns what: the :class:`~fleetenv.Session` (settings, caps, retries, events),
-:class:`~fleetenv.EpisodeOptions` (how episodes are played), ``InstanceLease`` (the
-instance), ``Toolbox`` (MCP sessions and tools), ``StepActions`` (a step's actions),
-``EpisodeState`` (the current episode) and ``Grader`` (one grade, one end report); what
-goes in and out is :mod:`fleetenv.core.types`. This class routes between them.
-
-Rules this object keeps:
-
-- The verifier runs exactly once per episode: when it ends, or at ``close()`` for an
-  episode the caller abandoned; its grade is kept even if the caller is cancelled.
-- The reward is a float when graded and ``None`` with a reason when the grade is unknown
-  (no verifier, verifier error, instance gone); a failure is never a 0.0.
-- ``terminated`` means the agent finished (final answer / done); ``truncated`` means the
-  episode was cut (step limit, episode deadline, instance expired).
-  ``info["stop_reason"]`` says which (a :class:`~fleetenv.StopReason`).
-- Unknown tools, malformed arguments, tool errors and tool timeouts are observations the
-  agent sees (``obs.is_error``), and the episode goes on. A call that may have run is
-  never replayed.
-- Every started rollout emits exactly one ``RolloutCompleted`` with one reason.
-
-The logic is written once as plans (see :mod:`fleetenv.runtime.plans`);
-``reset``/``step``/``close`` drive them from the calling thread,
-``reset_async``/``step_async``/``close_async`` from any asyncio loop without blocking it.
+This class routes between its owners: the :class:`~fleetenv.Session` (settings, caps,
+retries, events), :class:`~fleetenv.EpisodeOptions`, ``InstanceLease`` (the instance),
+``Toolbox`` (MCP), ``StepActions`` (a step's actions), ``EpisodeState`` and ``Grader``
+(one grade, one end report). Its rules (one verifier run per episode, ``None`` never 0.0
+for an unknown grade, errors as observations, no replayed calls, one ``RolloutCompleted``
+per rollout) are those of docs/episodes.md. The logic is written once as plans
+(:mod:`fleetenv.runtime.plans`), driven by ``reset``/``step``/``close`` and their
+``_async`` twins.
 """
 
 from __future__ import annotations

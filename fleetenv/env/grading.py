@@ -1,21 +1,11 @@
 """Grading an episode: the verifier runs once per episode, and its grade is never lost.
 
-A harness step timeout may cancel the terminal ``step`` while its verifier runs; the
-grade still lands:
-
-- The blocking call that computes the grade *owns* it: it stores it on the episode state
-  and runs ``on_settled`` (the events, the rollout's completion) itself, so a caller that
-  is cancelled or times out while the verifier runs loses only its view of the result;
-  ``env.grade`` has it, and the completion is reported with it.
-- A second caller (``close()`` or ``reset()`` racing a final ``step()``) waits for the
-  grade in flight instead of running the verifier again, for at most ``wait_s``; past
-  that bound the grade is recorded as unknown (``grading_timeout``), never dropped.
-- An owner interrupted before the verifier answered (Ctrl-C) records the grade as
-  unknown (``interrupted``) on its way out, so nobody waits for a grade that will not come.
-
-The first grade stored wins: every later look returns the same grade. :class:`Grader`
-does this for one env's episodes, and reports each episode's end exactly once
-(``VerificationFinished``, ``VerifierFailed``, ``RolloutCompleted``).
+The blocking call that computes the grade *owns* it: it stores it and runs
+``on_settled`` itself, so a caller cancelled meanwhile (a harness step timeout) loses
+only its view. A second caller (``close()`` or ``reset()`` racing a final ``step()``)
+waits for the grade in flight for at most ``wait_s``, then records it unknown
+(``grading_timeout``); an owner interrupted by Ctrl-C records ``interrupted``. The first
+grade stored wins. docs/grading.md, "A grade in flight is never lost".
 """
 
 from __future__ import annotations

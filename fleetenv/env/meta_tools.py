@@ -1,22 +1,10 @@
 """Meta-tools: find tools on demand instead of listing them all in the prompt.
 
-Some environments have 150-190 tools; their schemas alone cost 50K+ prompt tokens per
-turn. With ``FleetEnv(meta_tools=True)`` the agent is offered three small tools instead,
-answered by fleetenv itself from an index of the env's tools (never sent to MCP):
-
-- ``search_tools(query)``: the best-matching tools, each with a one-line signature;
-- ``get_tool_schema(name)``: one tool's full definition (OpenAI function format);
-- ``list_service_tools(service)``: every tool of one service (e.g. ``ticket``).
-
-The agent then calls the real tools by name, as usual; their arguments are checked
-against their schemas exactly as when they are offered directly. Names and arguments are
-those of OpenEnv's ``fleet_env`` meta-tools (a search returns at most 25 tools, small
-enums are inlined in signatures).
-
-A tool's *service* is what its server says (``_meta["service"]``), else read from its
-name: the part before ``__`` or ``.`` (``github__create_issue``), else every word of the
-name (``search_tickets`` belongs to ``search`` and ``tickets``; a service matches a word
-that starts with it, so ``ticket`` finds ``get_ticket`` and ``search_tickets``).
+``search_tools``, ``get_tool_schema`` and ``list_service_tools``, answered by fleetenv
+from an index of the env's tools, named as OpenEnv's ``fleet_env`` meta-tools
+(docs/context-tools.md, "Meta-tools"). A tool's *service* is its server's
+``_meta["service"]``, else the part of its name before ``__`` or ``.``, else every word of
+its name (a service matches a word that starts with it: ``ticket`` finds ``get_ticket``).
 """
 
 from __future__ import annotations

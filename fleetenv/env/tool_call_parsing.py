@@ -1,35 +1,13 @@
 """Reading tool calls out of what a model wrote, and writing the tools into its prompt.
 
-Open models do not return OpenAI ``tool_calls``: their chat template teaches them a text
-format, and a trainer that samples tokens gets that text back. Every trainer then writes
-the same parser, and the same prompt block that tells the model the format. Both live
-here, one pair per format in wide use:
+One parser and one prompt block per text format in wide use (``openai``, ``hermes``,
+``llama3``, ``mistral``; ``auto`` picks from the markers); docs/episodes.md, "A step that
+takes the model's turn", shows each. An unreadable call raises :class:`ToolCallParseError`
+(format, offset, snippet); arguments are taken as written, for the episode to judge.
 
-``openai``
-    JSON: an assistant message ``{"role": "assistant", "tool_calls": [...]}``, a list of
-    ``tool_calls`` entries, or one entry (``{"type": "function", "function": {...}}``).
-``hermes``
-    Hermes / Qwen 2.5 / Qwen 3: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
-    any number of them, with free text around them.
-``llama3``
-    Llama 3.1-3.3 JSON tool calling: the whole reply is ``{"name": ..., "parameters":
-    {...}}`` (optionally after ``<|python_tag|>``; several separated by ``;``).
-``mistral``
-    ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``, and the newer
-    ``[TOOL_CALLS]name[ARGS]{...}`` of Mistral Small 3.2 / Magistral.
-
-``auto`` picks the format from the markers in the text. Reasoning blocks
-(``<think>...</think>``) are dropped first, so a model that thinks about a ``<tool_call>``
-does not make one.
-
-A tool call that is there but cannot be read raises :class:`ToolCallParseError` naming the
-format, the offset and a snippet. Arguments are taken as written: arguments that are not
-an object are left for the episode to report to the agent (an error observation it can
-recover from), like any other malformed arguments.
-
-Reading takes time linear in the text's length, whatever the text: the readers scan with
-``str.find`` and ``json``'s decoder, and the one regex has no two quantifiers that can
-share a character (a regex holds the GIL, so a backtracking one stalls every thread).
+Reading is linear in the text's length: the readers scan with ``str.find`` and ``json``'s
+decoder, and the one regex has no two quantifiers that can share a character (a regex
+holds the GIL, so a backtracking one stalls every thread).
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Turning a model's whole assistant turn into the actions of one step.
 
-A model answers with one turn: text that may hold several tool calls (open models), an
-OpenAI assistant message with ``tool_calls``, or (from the caller's own parsing) a list
-of calls. The turn becomes the action list of *one* step, which ``FleetEnv.step`` runs in
-order: it counts once toward ``max_steps`` and its observation holds every result.
-
-Two kinds of failure, kept apart on purpose:
-
-- text the model wrote that holds an unreadable tool call is the model's mistake: it
-  becomes a :class:`Turn` with ``parse_error`` set (the step shows the agent why, and
-  counts the turn), never an exception;
-- a Python value of the wrong shape (a list holding a number, ``tool_calls`` that is not
-  a list) is the caller's mistake: :class:`InvalidActionError`, and no turn is used.
-
-A turn without tool calls is a final answer (its text) or a no-op, as the env is
-configured (``no_tool_call``).
+A turn (text with tool calls, an OpenAI assistant message, a list of calls) is the action
+list of *one* step. Two failures, kept apart on purpose: an unreadable tool call in the
+model's text is the model's mistake (a :class:`Turn` with ``parse_error``, shown to the
+agent, never an exception); a Python value of the wrong shape is the caller's
+(:class:`InvalidActionError`, no turn used). A turn without tool calls is a final answer
+or a no-op, per ``no_tool_call``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """A ``FleetEnv`` dropped without ``close()``: warn once, and delete its instance anyway.
 
-In a notebook, re-running ``env = FleetEnv(task); env.reset()`` rebinds ``env`` and the
-old env becomes garbage while its instance keeps running (and counting against the
-account's limits) until its TTL or the kernel's exit. So every env is watched by a
-:func:`weakref.finalize` that does not keep it alive. When the env is collected unclosed:
-
-1. an :class:`UnclosedEnvWarning` (a ``ResourceWarning``, as Python warns for an
-   unclosed file) names the task and the instance, once per env;
-2. the cleanup ``close()`` would have done (the MCP sessions, the browser lease, the
-   instance, a private session) runs on the runtime's pool. Never in the finalizer
-   itself: the collector may run in any thread, fleetenv's event-loop thread included,
-   where blocking on the loop would deadlock, and one holding ``threading``'s or the
-   pool's own locks, where handing work to the pool would. So the finalizer only
-   enqueues the job on the running event loop (``Runtime.call_soon``), which hands it
-   to the pool. No loop running means the runtime was shut down (an env's MCP sessions
-   start the loop before it holds anything), and the shutdown hooks already deleted its
-   instance.
-
-``close()`` detaches the finalizer; at interpreter exit it does not run (the exit hooks
-of :mod:`fleetenv.fleet.registry` delete what is left); a forked child's copy does
-nothing (the instance is the parent's).
-
-Unlike ``ResourceWarning`` in general, this one is shown by default: it means money.
+A notebook that re-runs ``env = FleetEnv(task); env.reset()`` drops the old env while its
+instance keeps running (and costing). A :func:`weakref.finalize` per env warns once
+(:class:`UnclosedEnvWarning`, shown by default: it means money) and has ``close()``'s
+cleanup run on the runtime's pool. Never in the finalizer itself: the collector may run
+on the loop thread (blocking on the loop would deadlock) or in a thread holding
+``threading``'s or the pool's locks (handing work to the pool would). So it only enqueues
+the job with ``Runtime.call_soon``; no loop running means the runtime was shut down and
+its hooks already deleted the instance. ``close()`` detaches the finalizer; at exit the
+hooks of :mod:`fleetenv.fleet.registry` delete instead; a forked child's copy does nothing.
 """
 
 from __future__ import annotations

@@ -1,12 +1,4 @@
-"""``RayRunner``: the `Runner`, with its episodes on Ray actors (the Ray dispatch).
-
-    import ray
-    from fleetenv import RayRunner
-
-    ray.init()                                       # or ray.init(address="auto")
-    with RayRunner(workers=4, per_worker=16) as runner:
-        for result in runner.run(tasks, "reference", samples_per_task=4):
-            print(result.task_key, result.reward)    # in the order rollouts finish
+"""``RayRunner``: the `Runner`, with its episodes on Ray actors (docs/ray.md).
 
 The two actors are plain classes here, made actors by the dispatch
 (``ray.remote(cls).options(...)``), so importing this module needs neither Ray nor a

@@ -1,21 +1,12 @@
 """``run_episode`` and ``run_episode_async``: one rollout of a policy on a task, start to
 finish, as a result record.
 
-Both drive ONE plan (:func:`episode_plan`, a generator of `fleetenv.runtime.plans`
-operations that yields from FleetEnv's own reset, step and close plans), so the sync and
-the async episode cannot drift. The policy's turn is one more operation:
-
-* a sync policy (a model client that blocks on HTTP, a function) is ``Blocking``: run in
-  the caller's thread by ``run_episode``, on the runtime's pool by ``run_episode_async``;
-* an async policy (a coroutine function of the context, or an object whose ``act`` is
-  one) is ``Await``: awaited where ``run_episode_async`` runs (the caller's loop, to
-  which its client is bound); ``run_episode`` refuses it;
-* a built-in scripted policy only looks up its next call, so it is called inline.
-
-Neither raises for a broken episode: a provisioning failure, a policy that raises, or an
-instance that died becomes a :class:`RolloutResult` with ``error`` set, so a batch of
-rollouts survives any one of them. Only Ctrl-C / cancellation propagate, after the
-instance is deleted.
+Both drive ONE plan (:func:`episode_plan`, yielding from FleetEnv's own plans), so they
+cannot drift. The policy's turn is one more operation: ``Blocking`` for a sync policy,
+``Await`` for an async one (awaited on the caller's loop, to which its client is bound;
+``run_episode`` refuses it), inline for a built-in scripted policy. Neither raises for a
+broken episode: the failure is the result's ``error``, so a batch survives any one
+rollout; only Ctrl-C / cancellation propagate, after the instance is deleted.
 """
 
 from __future__ import annotations

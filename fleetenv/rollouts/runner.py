@@ -1,13 +1,8 @@
 """``Runner``: many rollouts in parallel, from blocking code or from async code.
 
-    from fleetenv import Runner, ResultsWriter
-
-    with Runner(workers=8) as runner, ResultsWriter("results.jsonl") as out:
-        for result in runner.run(tasks, "reference", samples_per_task=4):
-            out.write(result)                       # in the order rollouts finish
-
 The Runner keeps what every run shares: slots, iteration, results, progress, cancel and
-sweep, close, traces. Where episodes run is its dispatch (`fleetenv.rollouts.dispatch`).
+sweep, close, traces. Where episodes run is its dispatch (`fleetenv.rollouts.dispatch`);
+docs/rollouts.md shows it in use.
 """
 
 from __future__ import annotations

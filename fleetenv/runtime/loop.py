@@ -1,33 +1,17 @@
 """`Runtime`: the process's one event-loop thread and its one pool of blocking threads.
 
-Every piece of async work in fleetenv (MCP sessions, their HTTP clients, timers) lives on
-one daemon thread named ``fleetenv-loop``, started lazily; every blocking operation that
-must stay off a caller's event loop (fleet-python, ``requests``, a sync policy, a slow
-import) runs on one bounded pool (``fleetenv-io*``). One `Runtime` object owns both, as
-anyio's ``BlockingPortal`` owns its loop: blocking callers hand it coroutines (`call`,
-`submit`), callers on their own asyncio or trio loop await it (`call_async`,
-`run_blocking`), and any thread, a finalizer's included, may enqueue a callback
-(`call_soon`). The process's current runtime is `current()`.
+One `Runtime` (the process's is `current()`) owns the ``fleetenv-loop`` thread and the
+bounded ``fleetenv-io*`` pool, as anyio's ``BlockingPortal`` owns its loop: `call` and
+`submit` from blocking code, `call_async` and `run_blocking` from any asyncio or trio
+loop, `call_soon` from any thread or finalizer. Its lifecycle (exit hooks, fork
+generations, `LoopThreadError`) is docs/runtime.md. Rules the code below keeps:
 
-Lifecycle rules:
-
-* The loop thread (which never receives Ctrl-C) installs itself; callers wait for it
-  outside the lock and may leave at any moment (`_Handoff`). Not anyio's
-  ``start_blocking_portal``: interrupted while starting, it joins a thread that serves
-  until stopped, so a Ctrl-C there would hang the caller.
-* Interpreter exit runs the registered shutdown hooks (in the main thread, while the loop
-  still runs: they close sessions, delete instances), then stops the loop; the runtime
-  that replaces it refuses to start.
-* After ``os.fork()`` neither the loop thread nor the pool's threads exist in the child.
-  The child gets a fresh runtime (a new *generation*); the parent's is parked, never
-  dropped (dropping it would run finalizers against a loop nobody runs and deadlock the
-  child). Objects made in the parent remember their generation and refuse use in the
-  child through `Runtime.check_generation`. `shutdown()` starts a new generation too.
-* Blocking work never runs on the loop thread: the blocking entry points refuse to run
-  there (`LoopThreadError`) because they would wait for themselves forever.
-* A pool job may wait for the network or a cap, never for a pool job queued behind it:
-  with every thread waiting, nothing would run. Runners bound their episodes so that
-  provisioning never waits for a live-instance slot that only a queued delete would free
+* The loop thread installs itself; callers wait for it outside the lock and may leave at
+  any moment (`_Handoff`). Not anyio's ``start_blocking_portal``: interrupted while
+  starting, it joins a thread that serves until stopped, so a Ctrl-C there would hang.
+* After ``os.fork()`` the parent's runtime is parked, never dropped (dropping it would
+  run finalizers against a loop nobody runs and deadlock the child).
+* A pool job may wait for the network or a cap, never for a pool job queued behind it
   (see ``fleetenv.rollouts.dispatch.LoopDispatch``).
 """
 

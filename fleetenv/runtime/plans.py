@@ -1,22 +1,12 @@
 """Running episode logic from sync code and from asyncio code, written once.
 
-The logic is a generator that *yields* the I/O it needs, so one copy serves both
-drivers and the two cannot drift. An operation is one of three kinds:
-
-- :class:`Blocking`: a blocking call (fleet-python, ``requests``, a sync policy). The
-  sync driver runs it in the caller's thread; the async driver runs it on the runtime's
-  pool, so the caller's event loop never blocks.
-- :class:`OnLoop`: a coroutine function for fleetenv's loop thread (MCP), which
-  enforces its own deadline there. The sync driver blocks on it; the async driver
-  awaits it without a thread.
-- :class:`Await`: a coroutine function awaited where the async driver runs (an async
-  policy, whose client is bound to the caller's loop). The sync driver refuses it.
-
-Exceptions raised by an operation are thrown back into the generator at the ``yield``,
-so the logic reads as ordinary ``try``/``except`` code. Ctrl-C and task cancellation
-are not caught by the drivers: they are thrown into the plan too, and its cleanup
-(``finally`` blocks) runs on the runtime's pool while the interruption propagates, or
-first, in the caller, with ``finish_here=True``.
+The logic is a generator that *yields* the I/O it needs, so one copy serves both drivers:
+:class:`Blocking` (run in the caller's thread, or on the pool by the async driver),
+:class:`OnLoop` (a coroutine for fleetenv's loop thread, with its own deadline) and
+:class:`Await` (awaited where the async driver runs; the sync driver refuses it).
+An operation's exception is thrown back in at the ``yield``. Ctrl-C and cancellation are
+thrown into the plan too, and its ``finally`` cleanup runs on the pool while the
+interruption propagates (or first, in the caller, with ``finish_here=True``).
 """
 
 from __future__ import annotations
