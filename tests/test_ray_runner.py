@@ -194,7 +194,7 @@ def test_a_node_lost_mid_run_is_error_results_and_swept_instances(
             ray_cluster.wait_for_nodes()
     assert sorted(r.task_key for r in results) == sorted(t.key for t in tasks)
     failed = [r for r in results if r.error is not None]
-    assert len(failed) == 1, [(r.error or {}).get("message") for r in results]
+    assert len(failed) == 1, [(r.error or {}).get("message", "")[:200] for r in results]
     assert failed[0].error["type"] == "RolloutWorkerError"
     assert failed[0].reward is None and failed[0].stop_reason == "error"
     # The batch went on, on the head node's worker and a replacement.

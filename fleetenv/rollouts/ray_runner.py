@@ -207,8 +207,11 @@ class RayDispatch(Dispatch):
         self._owns_cap = cap_name is None
         named = {} if cap_name is None else {"name": cap_name, "namespace": _NAMESPACE,
                                              "get_if_exists": True}
-        self._cap: Any = cap_class.options(num_cpus=0, **named).remote(
-            max_live_instances or config.max_live_instances)
+        # On the driver's node: anywhere else, losing that node would fail every rollout
+        # left (Ray puts an actor that asks for nothing on a random node).
+        self._cap: Any = cap_class.options(
+            num_cpus=0, scheduling_strategy=_on_node(ray.get_runtime_context().get_node_id()),
+            **named).remote(max_live_instances or config.max_live_instances)
         for _ in range(workers):
             self._spawn()
 
@@ -257,9 +260,7 @@ class RayDispatch(Dispatch):
         with self._lock:
             load = collections.Counter(w.node for w in self._workers if w.alive)
         node = min(nodes, key=lambda n: load[n])
-        strategies = importlib.import_module("ray.util.scheduling_strategies")
-        return node, {"scheduling_strategy":
-                      strategies.NodeAffinitySchedulingStrategy(node, soft=False)}
+        return node, {"scheduling_strategy": _on_node(node)}
 
     def _pick_worker(self) -> _Worker | None:
         """The least busy live worker, after replacing dead ones while allowed."""
@@ -408,6 +409,12 @@ class RayDispatch(Dispatch):
                               timeout=_CONTROL_TIMEOUT_S)
         except Exception as exc:  # nothing left to hold permits for
             logger.debug("could not release the cap: %s", exc)
+
+
+def _on_node(node: str) -> Any:
+    """Ray's strategy for "on this node, or fail" (its soft affinity often goes elsewhere)."""
+    strategies = importlib.import_module("ray.util.scheduling_strategies")
+    return strategies.NodeAffinitySchedulingStrategy(node, soft=False)
 
 
 def _nodes_on_other_machines(ray: Any) -> int:
