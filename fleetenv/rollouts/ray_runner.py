@@ -78,9 +78,10 @@ class RayRunner(Runner):
     **Caps.** ``max_in_flight`` defaults to ``workers * per_worker``. Each worker's
     session has ``per_worker`` live instances and the config's creating cap divided by
     ``workers``. Live instances across the cluster: ``max_live_instances`` (default: the
-    config's), through a semaphore actor that runners passing the same ``cap_name``
-    share. ``warm_pool=n``: each worker keeps up to ``n`` idle instances and resets them
-    for its next episodes of the same environment (:mod:`fleetenv.fleet.warm_pool`).
+    config's), through a semaphore actor on the driver's node that runners passing the
+    same ``cap_name`` share. ``warm_pool=n``: each worker keeps up to ``n`` idle
+    instances and resets them for its next episodes of the same environment
+    (:mod:`fleetenv.fleet.warm_pool`).
 
     **Cleanup.** Each worker tags its instances ``<run_tag>-w<n>`` (``run_tags``). A
     worker that dies (``ray.kill``, OOM, a lost node) turns its rollouts into
