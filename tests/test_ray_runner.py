@@ -1,8 +1,11 @@
-"""RayRunner on a real local Ray cluster (2 CPUs) against the session's LocalFleet.
+"""RayRunner on a real Ray cluster of two nodes on this machine against a LocalFleet.
 
-One Ray cluster for the module (starting one costs seconds); every test makes its own
-runner, whose worker actors are real Ray worker processes talking to the LocalFleet over
-loopback, exactly as they would to Fleet.
+One cluster for the module (starting one costs tens of seconds): a head node and a second
+node, each a raylet of its own with 1 CPU and a capped object store, as
+``ray.cluster_utils.Cluster`` starts them. Actors are placed with ``SPREAD``, so the
+workers of a runner land on both nodes. Every test makes its own runner, whose worker
+actors are real Ray worker processes talking to the LocalFleet over loopback, exactly as
+they would to Fleet.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import sys
 import textwrap
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,14 +45,25 @@ pytestmark = pytest.mark.timeout(180)
 REFERENCE = ScriptedPolicy.reference()
 
 
+#: Each node's resources: 1 CPU, and Ray's smallest object store (75 MiB), not 30% of RAM.
+NODE = {"num_cpus": 1, "object_store_memory": 80 * 1024 * 1024}
+
+
 @pytest.fixture(scope="module", autouse=True)
-def ray_cluster() -> Iterator[None]:
+def ray_cluster() -> Iterator[Any]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={**NODE, "include_dashboard": False})
     try:
-        yield
+        cluster.add_node(**NODE)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
     finally:
         ray.shutdown()
+        cluster.shutdown()
 
 
 def _config(fleet: LocalFleet, **settings: Any) -> FleetConfig:
@@ -95,6 +110,98 @@ def test_ray_gives_the_same_results_as_the_thread_runner(local_fleet: LocalFleet
     assert len(runner.run_tags) == 2
     assert all(tag.startswith(runner.run_tag) for tag in runner.run_tags)
     assert len(_created_with_tags(local_fleet, runner.run_tags)) == 8
+    assert _running_with_tags(local_fleet, runner.run_tags) == []
+
+
+def _noting_where(path: Path) -> Callable[[PolicyContext], Reply]:
+    """The reference policy, appending the Ray node and process of each step to ``path``
+    (both nodes are on this machine, so they share the file)."""
+    where = str(path)
+
+    def act(context: PolicyContext) -> Reply:
+        with open(where, "a") as out:
+            out.write(f"{ray.get_runtime_context().get_node_id()} {os.getpid()}\n")
+        return REFERENCE.act(context)
+
+    return act
+
+
+def _where(path: Path) -> set[tuple[str, int]]:
+    """The (node id, pid) pairs that `_noting_where` saw."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {(node, int(pid)) for node, pid in (line.split() for line in lines)}
+
+
+def test_two_nodes_give_the_local_runners_results_with_workers_on_both(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    # No API key: the driver's embedded Fleet on 127.0.0.1, which both nodes of this
+    # machine reach. Before, any cluster of more than one node refused local mode.
+    config = resolve_config(environ={})
+    tasks = _tool_use_tasks(4)
+    with Runner(workers=4, config=config, events=EventBus(sinks=[]),
+                progress=False) as local:
+        expected = {(r.task_key, r.sample): (r.reward, r.stop_reason, r.tool_calls)
+                    for r in local.run(tasks, REFERENCE, samples_per_task=2)}
+    steps = tmp_path / "steps.txt"
+    with RayRunner(workers=2, per_worker=2, config=config, events=EventBus(sinks=[]),
+                   progress=False) as runner:
+        results = list(runner.run(tasks, _noting_where(steps), samples_per_task=2))
+    got = {(r.task_key, r.sample): (r.reward, r.stop_reason, r.tool_calls) for r in results}
+    assert got == expected, [r.error for r in results if r.error]
+    assert len(got) == 8 and all(reward == 1.0 for reward, _, _ in got.values())
+    # The episodes ran in two worker processes, one on each node.
+    where = _where(steps)
+    assert {node for node, _ in where} == {n.node_id for n in ray_cluster.list_all_nodes()}
+    assert len(where) == 2 and os.getpid() not in {pid for _, pid in where}, where
+    from fleetenv.fleet.backend import local_fleet
+
+    assert len(_created_with_tags(local_fleet(), runner.run_tags)) == 8
+    assert _running_with_tags(local_fleet(), runner.run_tags) == []
+
+
+def test_a_node_lost_mid_run_is_error_results_and_swept_instances(
+        ray_cluster: Any, local_fleet: LocalFleet, local_faults: Any,
+        tmp_path: Path) -> None:
+    local_faults.add("tool_hang")
+    tasks = _tool_use_tasks(4)
+    steps = tmp_path / "steps.txt"
+    (second,) = [n for n in ray_cluster.list_all_nodes() if n is not ray_cluster.head_node]
+    runner = RayRunner(workers=2, per_worker=1, config=_config(local_fleet),
+                       events=EventBus(sinks=[]), progress=False)
+    results: list[Any] = []
+    consumer = threading.Thread(
+        target=lambda: results.extend(runner.run(tasks, _noting_where(steps))))
+    try:
+        pids = runner.worker_pids()
+        consumer.start()
+        # One episode per worker, each holding a tool call: one on each node.
+        wait_for(lambda: _held_tool_calls(local_faults) >= 2, 60, "2 held tool calls")
+        (doomed_pid,) = {pid for node, pid in _where(steps) if node == second.node_id}
+        doomed_tag = runner.run_tags[pids.index(doomed_pid)]
+        assert len(_running_with_tags(local_fleet, [doomed_tag])) == 1
+        ray_cluster.remove_node(second)  # its raylet and every worker on it end
+        # The lost worker's instance is deleted while the run goes on.
+        wait_for(lambda: not _running_with_tags(local_fleet, [doomed_tag]), 60,
+                 "the lost node's instance deleted")
+        local_faults.clear()  # the surviving episode's tool call returns
+        consumer.join(timeout=90)
+        assert not consumer.is_alive(), "run() did not end"
+    finally:
+        runner.close(timeout_s=30)
+        local_faults.clear()
+        if len(ray_cluster.list_all_nodes()) < 2:  # the next tests get two nodes again
+            ray_cluster.add_node(**NODE)
+            ray_cluster.wait_for_nodes()
+    assert sorted(r.task_key for r in results) == sorted(t.key for t in tasks)
+    failed = [r for r in results if r.error is not None]
+    assert len(failed) == 1, [(r.error or {}).get("message", "")[:200] for r in results]
+    assert failed[0].error["type"] == "RolloutWorkerError"
+    assert failed[0].reward is None and failed[0].stop_reason == "error"
+    # The batch went on, on the head node's worker and a replacement.
+    assert all(r.reward == 1.0 for r in results if r.error is None)
+    assert len(runner.run_tags) == 3
+    assert {node for node, _ in _where(steps)} == {ray_cluster.head_node.node_id,
+                                                   second.node_id}
     assert _running_with_tags(local_fleet, runner.run_tags) == []
 
 

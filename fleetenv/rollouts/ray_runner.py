@@ -8,6 +8,7 @@ cluster, and they can be tested and type-checked like any other code.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import importlib
@@ -59,17 +60,20 @@ class RayRunner(Runner):
 
     **Workers.** ``workers`` Ray actors, each in its own process with its own session,
     each running up to ``per_worker`` episodes at once on threads. Each rollout goes to
-    the least busy live worker. Actors ask for no CPU and are placed with ``SPREAD``;
+    the least busy live worker. Actors ask for no CPU and are spread over the live
+    nodes (each new one on the node with fewest of the runner's workers);
     ``worker_options`` overrides Ray's actor options (``num_cpus``, ``resources``,
-    ``runtime_env``...). Policies travel with Ray's serializer (closures work); one that
+    ``scheduling_strategy``, ``runtime_env``...); with resources asked for, Ray's
+    ``SPREAD`` places them. Policies travel with Ray's serializer (closures work); one that
     cannot be sent is a ``ConfigurationError`` at ``run()`` / ``submit()``.
 
     **Caps.** ``max_in_flight`` defaults to ``workers * per_worker``. Each worker's
     session has ``per_worker`` live instances and the config's creating cap divided by
     ``workers``. Live instances across the cluster: ``max_live_instances`` (default: the
-    config's), through a semaphore actor that runners passing the same ``cap_name``
-    share. ``warm_pool=n``: each worker keeps up to ``n`` idle instances and resets them
-    for its next episodes of the same environment (:mod:`fleetenv.fleet.warm_pool`).
+    config's), through a semaphore actor on the driver's node that runners passing the
+    same ``cap_name`` share. ``warm_pool=n``: each worker keeps up to ``n`` idle
+    instances and resets them for its next episodes of the same environment
+    (:mod:`fleetenv.fleet.warm_pool`).
 
     **Cleanup.** Each worker tags its instances ``<run_tag>-w<n>`` (``run_tags``). A
     worker that dies (``ray.kill``, OOM, a lost node) turns its rollouts into
@@ -79,8 +83,8 @@ class RayRunner(Runner):
     Ray ends the workers with the driver, and nothing else would delete their instances.
 
     **Local mode.** Without an API key the workers use the driver's embedded local Fleet
-    over loopback: one machine only; on a multi-node cluster that is a
-    ``ConfigurationError`` (configure real Fleet).
+    over loopback: one machine only (several Ray nodes on it are fine); with nodes on other
+    machines that is a ``ConfigurationError`` (configure real Fleet).
     """
 
     def __init__(
@@ -142,6 +146,7 @@ class _Worker:
     index: int
     tag: str
     actor: Any
+    node: str | None = None  # the node it was placed on, when the dispatch chose it
     in_flight: int = 0
     alive: bool = True
 
@@ -158,12 +163,12 @@ class RayDispatch(Dispatch):
                  max_live_instances: int | None, cap_name: str | None,
                  worker_options: dict[str, Any], warm_pool: int | None) -> None:
         config = settings.config
-        nodes = len([n for n in ray.nodes() if n.get("Alive")]) if config.use_local else 1
-        if nodes > 1:
+        elsewhere = _nodes_on_other_machines(ray) if config.use_local else 0
+        if elsewhere:
             raise ConfigurationError(
-                f"the Ray cluster has {nodes} nodes, but without an API key the workers "
-                "would use this machine's local Fleet, which only listens on 127.0.0.1",
-                field="api_key",
+                f"the Ray cluster has {elsewhere} node(s) on other machines, but without an "
+                "API key the workers would use this machine's local Fleet, which only "
+                "listens on 127.0.0.1", field="api_key",
                 hint="set FLEET_API_KEY (or pass config=resolve_config(api_key=...))")
         self._ray = ray
         self.workers = workers
@@ -185,13 +190,21 @@ class RayDispatch(Dispatch):
         self._actor_options = {"num_cpus": 0, "scheduling_strategy": "SPREAD",
                                "max_concurrency": per_worker + 2, "max_restarts": 0,
                                "max_task_retries": 0, **worker_options}
+        # Ray puts an actor that asks for no resource on a random node whatever its
+        # strategy (SPREAD counts resources), so for those the dispatch spreads them.
+        self._spread_by_hand = "scheduling_strategy" not in worker_options and not any(
+            self._actor_options.get(k) for k in ("num_cpus", "num_gpus", "memory",
+                                                 "resources"))
         self._worker_class = ray.remote(RolloutWorker)
         cap_class = ray.remote(LiveInstanceCap)
         self._owns_cap = cap_name is None
         named = {} if cap_name is None else {"name": cap_name, "namespace": _NAMESPACE,
                                              "get_if_exists": True}
-        self._cap: Any = cap_class.options(num_cpus=0, **named).remote(
-            max_live_instances or config.max_live_instances)
+        # On the driver's node: anywhere else, losing that node would fail every rollout
+        # left (Ray puts an actor that asks for nothing on a random node).
+        self._cap: Any = cap_class.options(
+            num_cpus=0, scheduling_strategy=_on_node(ray.get_runtime_context().get_node_id()),
+            **named).remote(max_live_instances or config.max_live_instances)
         for _ in range(workers):
             self._spawn()
 
@@ -222,10 +235,25 @@ class RayDispatch(Dispatch):
             self._tags.append(tag)
         settings = dataclasses.replace(
             self._settings, options=EpisodeOptions.of(self._settings.options, run_tag=tag))
-        actor = self._worker_class.options(**self._actor_options).remote(
+        node, placement = self._placement()
+        actor = self._worker_class.options(**{**self._actor_options, **placement}).remote(
             settings, self._warm_pool)
         with self._lock:
-            self._workers.append(_Worker(index=index, tag=tag, actor=actor))
+            self._workers.append(_Worker(index=index, tag=tag, actor=actor, node=node))
+
+    def _placement(self) -> tuple[str | None, dict[str, Any]]:
+        """The node for a new worker that asks for no resource: the live node with fewest
+        of this runner's live workers. Held hard (Ray's soft affinity often places such
+        an actor elsewhere): if the node is gone, the actor fails and is replaced."""
+        if not self._spread_by_hand:
+            return None, {}
+        nodes = [n["NodeID"] for n in self._ray.nodes() if n.get("Alive")]
+        if not nodes:
+            return None, {}
+        with self._lock:
+            load = collections.Counter(w.node for w in self._workers if w.alive)
+        node = min(nodes, key=lambda n: load[n])
+        return node, {"scheduling_strategy": _on_node(node)}
 
     def _pick_worker(self) -> _Worker | None:
         """The least busy live worker, after replacing dead ones while allowed."""
@@ -374,6 +402,21 @@ class RayDispatch(Dispatch):
                               timeout=_CONTROL_TIMEOUT_S)
         except Exception as exc:  # nothing left to hold permits for
             logger.debug("could not release the cap: %s", exc)
+
+
+def _on_node(node: str) -> Any:
+    """Ray's strategy for "on this node, or fail" (its soft affinity often goes elsewhere)."""
+    strategies = importlib.import_module("ray.util.scheduling_strategies")
+    return strategies.NodeAffinitySchedulingStrategy(node, soft=False)
+
+
+def _nodes_on_other_machines(ray: Any) -> int:
+    """Live nodes whose address is not the driver's node's: they cannot reach its 127.0.0.1
+    (several nodes on this machine, as ``ray.cluster_utils.Cluster`` starts, can)."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    here = ray.get_runtime_context().get_node_id()
+    mine = {n.get("NodeManagerAddress") for n in nodes if n.get("NodeID") == here}
+    return sum(n.get("NodeManagerAddress") not in mine for n in nodes)
 
 
 def _settle(outcome: Future[Any], error: BaseException) -> None:

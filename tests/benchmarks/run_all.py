@@ -125,6 +125,14 @@ def _screenshot(r: dict[str, Any]) -> str:
     return f"{shots}; {ratios} the encoding alone"
 
 
+def _ray_nodes(r: dict[str, Any]) -> str:
+    rates = ", ".join(f"{count} node(s) {row['episodes_per_s']:.2f}"
+                      for count, row in r["nodes"].items())
+    return (f"episodes/s, RayRunner(workers={r['workers']}, per_worker={r['per_worker']}), "
+            f"{r['episodes']} episodes: {rates}; ratio **{r['ratio_vs_one_node']:.2f}** "
+            "(nodes on one machine share its cores)")
+
+
 BENCHMARKS = (
     Bench("bench_mcp_call.py", "bench_mcp_call.py", (), (),
           "ratio <= 1.15; speedup >= 10", _mcp_call),
@@ -144,6 +152,8 @@ BENCHMARKS = (
           "(measured, no target)", _runner_batch),
     Bench("bench_screenshot.py", "bench_screenshot.py", (), (),
           "(measured, no target)", _screenshot),
+    Bench("bench_ray_nodes.py", "bench_ray_nodes.py", ("--rounds", "3"),
+          ("--samples", "4", "--rounds", "5"), "(measured, no target)", _ray_nodes),
 )
 
 
@@ -212,7 +222,9 @@ def figures_table(run_info: dict[str, Any]) -> str:
     lines = [provenance(run_info), "",
              "| benchmark | result | target | load at start |", "|---|---|---|---|"]
     for bench in BENCHMARKS:
-        outcome = run_info["benchmarks"][bench.key]
+        outcome = run_info["benchmarks"].get(bench.key)
+        if outcome is None:  # a run saved before this benchmark existed (--from-json)
+            continue
         load = outcome["loadavg_at_start"]
         lines.append(f"| `{outcome['command'].removeprefix('python ')}` | "
                      f"{bench.cell(outcome['result'])} | {bench.target} | "
