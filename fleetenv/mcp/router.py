@@ -1,14 +1,9 @@
 """`ToolRouter`: the tools of one episode, gathered from its MCP endpoints, and call routing.
 
-An episode talks to one to three endpoints (see `endpoints_for`). The router opens one
-`MCPConnection` per endpoint, lists them all, and gives each tool name to the FIRST
-endpoint (in the given order) that lists it. A *fallback* endpoint is opened only when
-the endpoints before it serve no tool (absent, or listing none): a tool-use episode opens
-``{root}mcp`` alone (one session, not two) and reaches for ``{root}api/v1/mcp`` only on
-images that serve their tools there (``union=True`` opens both at once and routes the
-tools of both). A required endpoint that fails is an error that names it, never a
-silently shorter tool list. An optional endpoint that is simply not there (HTTP 404/405)
-is skipped; any other failure of it is an error too.
+Each tool name goes to the FIRST endpoint (in the given order) that lists it; a fallback
+endpoint is opened only when the endpoints before it serve no tool; a required endpoint
+that fails is an error naming it, an optional one that is absent (404/405) is skipped.
+The endpoints of each modality and why: docs/mcp.md ("ToolRouter").
 """
 
 from __future__ import annotations
@@ -345,19 +340,15 @@ class ToolRouter:
     async def alist_resources(self) -> list[Resource]:
         """Coroutine twin of `list_resources`."""
         await self.aopen()
-        found: list[Resource] = []
-        for connection in self._open_connections():
-            found.extend(await connection.alist_resources())
-        return found
+        return [item for connection in self._open_connections()
+                for item in await connection.alist_resources()]
 
     @on_fleetenv_loop
     async def alist_resource_templates(self) -> list[ResourceTemplate]:
         """Coroutine twin of `list_resource_templates`."""
         await self.aopen()
-        found: list[ResourceTemplate] = []
-        for connection in self._open_connections():
-            found.extend(await connection.alist_resource_templates())
-        return found
+        return [item for connection in self._open_connections()
+                for item in await connection.alist_resource_templates()]
 
     @on_fleetenv_loop
     async def aread_resource(
@@ -405,8 +396,6 @@ class ToolRouter:
         return any(error is not None and not _is_absent(error) for error in outcomes.values())
 
     def _route(self, outcomes: Mapping[str, Exception | None]) -> None:
-        tools: list[Tool] = []
-        owners: dict[str, MCPConnection] = {}
         skipped: list[str] = []
         rescued = any((endpoint.fallback or not endpoint.required)
                       and outcomes.get(endpoint.url, False) is None
@@ -421,13 +410,8 @@ class ToolRouter:
                     skipped.append(endpoint.url)
                     continue
                 raise error
-            connection = self._connections[endpoint.url]
-            assert connection._tools is not None  # set by a successful open
-            for tool in connection._tools:
-                if tool.name not in owners:  # the first endpoint listing a name owns it
-                    owners[tool.name] = connection
-                    tools.append(tool)
-        self._owners, self._skipped, self._tools = owners, skipped, tools
+        self._skipped = skipped
+        self._reroute()
 
     def _open_connections(self) -> list[MCPConnection]:
         """The connections of the endpoints that exist and were opened, in endpoint order."""
