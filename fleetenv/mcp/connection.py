@@ -31,6 +31,7 @@ from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.core.tool_results import ResourceBlock, ToolResult
 from fleetenv.mcp import compat, failures, http, notifications, resources
 from fleetenv.mcp.arguments import require_object
+from fleetenv.mcp.http import CALL_ID_META_KEY
 from fleetenv.mcp.notifications import NotificationCallback
 from fleetenv.mcp.resources import Resource, ResourceTemplate
 from fleetenv.mcp.tools import Tool
@@ -53,10 +54,6 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 logger = logging.getLogger("fleetenv.mcp")
 
 _T = TypeVar("_T")
-
-# Every tools/call carries a fresh id under this `_meta` key, so a server (our local one in
-# particular) can prove that no logical call was executed twice.
-CALL_ID_META_KEY = "fleetenv/call_id"
 
 # Session setup retries when the caller gives no policy. A server that is still starting
 # (its gateway answers 502/503, the port refuses) usually needs well under a second
@@ -224,10 +221,8 @@ class MCPConnection:
 
         In a forked child, closing a connection opened by the parent does nothing.
         """
-        if self._closed or self._live is None:
-            self._closed = True
-            return
-        if self._generation != runtime.current().generation:
+        if (self._closed or self._live is None
+                or self._generation != runtime.current().generation):
             self._closed = True
             return
         runtime.current().call(self.aclose, name="close")
@@ -276,14 +271,14 @@ class MCPConnection:
         """Coroutine twin of `call_tool`. Never retried, except as described below."""
         call_meta = {CALL_ID_META_KEY: uuid.uuid4().hex, **(meta or {})}
         args = require_object(name, arguments)  # never a list of pairs made into a dict
-        live = await self._ensure_live()  # a new session here is safe: nothing was sent yet
+        live, _ = await self._ensure_live()  # a new session here is safe: nothing was sent yet
         try:
             return await self._send_call(live, name, args, timeout_s, call_meta)
         except failures.NeverSent as first:
             # Turned away before it ran (failures.session_gone_answer): one send on a fresh
             # session is safe. The same call id goes along, so a server can spot duplicates.
             self._mark_lost(live, first)
-            live = await self._ensure_live()
+            live, _ = await self._ensure_live()
             try:
                 return await self._send_call(live, name, args, timeout_s, call_meta)
             except failures.NeverSent as second:
@@ -347,11 +342,7 @@ class MCPConnection:
                 hint="open a new MCPConnection",
             )
 
-    async def _ensure_live(self) -> _Live:
-        live, _ = await self._ensure_live_fresh()
-        return live
-
-    async def _ensure_live_fresh(self) -> tuple[_Live, bool]:
+    async def _ensure_live(self) -> tuple[_Live, bool]:
         """The current usable session (opening or replacing it if needed), and if it is new."""
         import anyio
 
@@ -543,7 +534,7 @@ class MCPConnection:
         import anyio
 
         async def attempt() -> _T:
-            live, fresh = await self._ensure_live_fresh()
+            live, fresh = await self._ensure_live()
             try:
                 with anyio.fail_after(self.read_timeout_s):
                     return await request(live, fresh)
