@@ -291,7 +291,7 @@ class ToolRouter:
                             group.start_soon(open_one, self._connections[member.url])
                     wave = []
                 if endpoint is not None:  # a fallback
-                    if self._serving(outcomes) or self._failed(outcomes):
+                    if self._settled(outcomes):
                         self._unused.append(endpoint.url)
                     else:
                         wave.append(endpoint)
@@ -385,22 +385,21 @@ class ToolRouter:
 
     # ------------------------------------------------------------------ internals
 
-    def _serving(self, outcomes: Mapping[str, Exception | None]) -> bool:
-        """True when an endpoint opened so far lists at least one tool."""
-        return any(error is None and self._connections[url]._tools
-                   for url, error in outcomes.items())
+    def _serves(self, url: str, outcomes: Mapping[str, Exception | None]) -> bool:
+        """True when endpoint ``url`` opened and lists at least one tool."""
+        return outcomes.get(url, False) is None and bool(self._connections[url]._tools)
 
-    def _failed(self, outcomes: Mapping[str, Exception | None]) -> bool:
-        """True when an endpoint opened so far failed otherwise than by being absent: its
-        error is the open's outcome, and a fallback must not spend the budget again."""
-        return any(error is not None and not _is_absent(error) for error in outcomes.values())
+    def _settled(self, outcomes: Mapping[str, Exception | None]) -> bool:
+        """True when an endpoint opened so far lists a tool, or failed otherwise than by
+        being absent: its error is the open's outcome, and a fallback must not spend the
+        budget again."""
+        return any(self._serves(url, outcomes) or (error is not None and not _is_absent(error))
+                   for url, error in outcomes.items())
 
     def _route(self, outcomes: Mapping[str, Exception | None]) -> None:
         skipped: list[str] = []
         rescued = any((endpoint.fallback or not endpoint.required)
-                      and outcomes.get(endpoint.url, False) is None
-                      and self._connections[endpoint.url]._tools
-                      for endpoint in self.endpoints)
+                      and self._serves(endpoint.url, outcomes) for endpoint in self.endpoints)
         for endpoint in self.endpoints:
             if endpoint.url in self._unused:
                 continue
