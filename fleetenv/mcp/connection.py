@@ -78,7 +78,6 @@ class _Live:
     dead: anyio.Event
     raw_tools: list[Any]
     lost: bool = False
-    error: BaseException | None = field(default=None, repr=False)
     # what the HTTP layer saw: set when the server said it no longer knows the session
     watch: failures.SessionWatch = field(default_factory=failures.SessionWatch)
 
@@ -467,7 +466,6 @@ class MCPConnection:
                 raise failures.connect_error(
                     exc, endpoint=self.url, statuses=statuses, timeout_s=timeout_s
                 ) from exc
-            live.error = exc
             live.lost = True
             logger.debug("MCP session owner for %s ended with %r", self.url, exc)
         finally:

@@ -224,11 +224,9 @@ async def handshake_slot(endpoint: str, deadline: Deadline) -> AsyncIterator[Non
         _limiter.total_tokens = limit
     limiter = _limiter
     remaining = deadline.remaining()
-    acquired = False
-    with anyio.move_on_after(remaining if remaining is not None else float("inf")):
+    with anyio.move_on_after(remaining if remaining is not None else float("inf")) as scope:
         await limiter.acquire()
-        acquired = True
-    if acquired:
+    if not scope.cancelled_caught:
         try:
             yield
         finally:
