@@ -1,32 +1,12 @@
 """`MCPConnection`: one persistent streamable-HTTP MCP session, usable from any thread.
 
-The session is owned by ONE long-lived task on the fleetenv loop: that task enters the
-transport and ``ClientSession`` contexts, runs ``initialize`` and ``tools/list``, hands the
-session out, waits for a stop signal and exits the contexts itself. anyio requires a
-cancel scope to be exited by the task that entered it, so no other arrangement is safe.
-Every operation (list, call) is then a short task that awaits the shared session; any
-number of threads may call at once (JSON-RPC ids multiplex them on one session).
-
-What happens on failure (what each failure *means* is decided in `fleetenv.mcp.failures`):
-
-* Opening a session is retried under the connection's `RetryPolicy` while the failure
-  is one a starting server explains (refused, 502/503/504, handshake cut short); "no
-  MCP here" (404/405) and bad credentials (401/403) fail at once. Either way the error
-  is a `ConnectError` naming the endpoint, and nothing with an effect was sent.
-* Each operation has one deadline, enforced here on the loop (the blocking API adds no
-  timer): an attempt at opening a session ``connect_timeout_s`` (all attempts the
-  retry policy's budget), a listing or resource read ``read_timeout_s``, a tool call
-  ``call_timeout_s`` (or its ``timeout_s``), closing ``close_timeout_s``.
-* A call that got no answer in time raises `DeadlineExceeded`; the session survives.
-* A session that is lost (server restarted, connection dropped, owner task died) is
-  replaced by a new one before the next operation is sent. Listing tools is read-only,
-  so it reconnects and lists again (bounded). A tool call that may have reached the
-  server is never replayed: it raises `ToolCallMayHaveRunError`. The single exception is
-  a call the server turned away because it no longer knows the session (404, 410, or a
-  400 that says so: `failures.session_gone_answer`), which a server decides before
-  dispatching anything; that call is sent once more on a fresh session.
-* A JSON-RPC error the server answered for a call becomes an error `ToolResult`, so the
-  agent can see it, like any other tool error.
+The session is owned by ONE long-lived task on the fleetenv loop (`_own`): it enters the
+transport and ``ClientSession`` contexts, hands the session out, waits for a stop signal
+and exits the contexts itself, since anyio requires a cancel scope to be exited by the
+task that entered it. Every operation is a short task on the shared session (JSON-RPC
+ids multiplex concurrent callers) with one deadline, enforced here on the loop. What is
+retried and what is never replayed: docs/mcp.md ("What is retried"); what each failure
+means: `fleetenv.mcp.failures`.
 
 ``mcp`` and ``httpx2`` are imported on first use, never at ``import fleetenv``.
 """
@@ -51,6 +31,7 @@ from fleetenv.core.retry import Deadline, RetryPolicy
 from fleetenv.core.tool_results import ResourceBlock, ToolResult
 from fleetenv.mcp import compat, failures, http, notifications, resources
 from fleetenv.mcp.arguments import require_object
+from fleetenv.mcp.http import CALL_ID_META_KEY
 from fleetenv.mcp.notifications import NotificationCallback
 from fleetenv.mcp.resources import Resource, ResourceTemplate
 from fleetenv.mcp.tools import Tool
@@ -74,10 +55,6 @@ logger = logging.getLogger("fleetenv.mcp")
 
 _T = TypeVar("_T")
 
-# Every tools/call carries a fresh id under this `_meta` key, so a server (our local one in
-# particular) can prove that no logical call was executed twice.
-CALL_ID_META_KEY = "fleetenv/call_id"
-
 # Session setup retries when the caller gives no policy. A server that is still starting
 # (its gateway answers 502/503, the port refuses) usually needs well under a second
 # more: a first pause of 0.05-0.1 s catches that, doubling to at most 2 s. The budget is
@@ -87,8 +64,6 @@ CALL_ID_META_KEY = "fleetenv/call_id"
 _SETUP_RETRY_BASE_S = 0.1
 _SETUP_RETRY_CAP_S = 2.0
 _SETUP_ATTEMPTS = 3
-
-_MAX_LIST_PAGES = 1000
 
 # Connections with a live session in the current runtime; touched on the loop thread only.
 _open: set[MCPConnection] = set()
@@ -103,7 +78,6 @@ class _Live:
     dead: anyio.Event
     raw_tools: list[Any]
     lost: bool = False
-    error: BaseException | None = field(default=None, repr=False)
     # what the HTTP layer saw: set when the server said it no longer knows the session
     watch: failures.SessionWatch = field(default_factory=failures.SessionWatch)
 
@@ -202,7 +176,7 @@ class MCPConnection:
         timeout_s: float | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> ToolResult:
-        """Call a tool and wait for its result (see the module docstring for failures)."""
+        """Call a tool and wait for its result (failures: docs/mcp.md, "What is retried")."""
         return runtime.current().call(
             functools.partial(self.acall_tool, name, arguments, timeout_s=timeout_s, meta=meta),
             name=f"call {name} at {self.url}",
@@ -246,10 +220,8 @@ class MCPConnection:
 
         In a forked child, closing a connection opened by the parent does nothing.
         """
-        if self._closed or self._live is None:
-            self._closed = True
-            return
-        if self._generation != runtime.current().generation:
+        if (self._closed or self._live is None
+                or self._generation != runtime.current().generation):
             self._closed = True
             return
         runtime.current().call(self.aclose, name="close")
@@ -270,39 +242,21 @@ class MCPConnection:
     @on_fleetenv_loop
     async def alist_tools(self, *, refresh: bool = False) -> list[Tool]:
         """Coroutine twin of `list_tools`: reconnects (bounded) if the session was lost."""
-        import anyio
 
-        async def attempt() -> list[Tool]:
-            live, fresh = await self._ensure_live_fresh()
+        async def listing(live: _Live, fresh: bool) -> list[Tool]:
             changed = self._listed_version != self.tools_version  # list_changed came
             if not changed and (fresh or (not refresh and self._tools is not None)):
                 assert self._tools is not None
                 return list(self._tools)
             version = self.tools_version
-            try:
-                with anyio.fail_after(self.read_timeout_s):
-                    raw = await _list_all(live.session)
-            except Exception as exc:
-                if failures.session_lost(exc) or live.watch.gone is not None:
-                    self._mark_lost(live, live.watch.gone or exc)  # the next attempt reconnects
-                    raise failures.SessionGone(live.watch.gone or repr(exc)) from exc
-                failures.listing_failed(exc, what="listing tools", endpoint=self.url,
-                                        timeout_s=self.read_timeout_s)
+            raw = await resources.list_pages(live.session.list_tools, "tools")
             self._tools = [Tool.from_mcp(tool, self.url) for tool in raw]
             self._listed_version = version
             return list(self._tools)
 
-        # Same pacing as session setup; each attempt is bounded by the setup budget and
-        # read_timeout_s, so only the number of attempts needs a limit. Setup failures
-        # are not retried here again: the setup policy already did.
-        policy = self.retry.with_budget(None, max_attempts=self.list_attempts)
-        return await policy.acall(
-            attempt,
-            retryable=lambda exc: isinstance(exc, failures.SessionGone),
-            give_up=lambda last, attempts: failures.gave_up(
-                "listing tools", last, attempts, endpoint=self.url
-            ),
-        )
+        return await self._aread_only("listing tools", listing, functools.partial(
+            failures.listing_failed, what="listing tools", endpoint=self.url,
+            timeout_s=self.read_timeout_s))
 
     @on_fleetenv_loop
     async def acall_tool(
@@ -316,14 +270,14 @@ class MCPConnection:
         """Coroutine twin of `call_tool`. Never retried, except as described below."""
         call_meta = {CALL_ID_META_KEY: uuid.uuid4().hex, **(meta or {})}
         args = require_object(name, arguments)  # never a list of pairs made into a dict
-        live = await self._ensure_live()  # a new session here is safe: nothing was sent yet
+        live, _ = await self._ensure_live()  # a new session here is safe: nothing was sent yet
         try:
             return await self._send_call(live, name, args, timeout_s, call_meta)
         except failures.NeverSent as first:
             # Turned away before it ran (failures.session_gone_answer): one send on a fresh
             # session is safe. The same call id goes along, so a server can spot duplicates.
             self._mark_lost(live, first)
-            live = await self._ensure_live()
+            live, _ = await self._ensure_live()
             try:
                 return await self._send_call(live, name, args, timeout_s, call_meta)
             except failures.NeverSent as second:
@@ -351,17 +305,18 @@ class MCPConnection:
     @on_fleetenv_loop
     async def alist_resources(self) -> list[Resource]:
         """Coroutine twin of `list_resources` (reconnects, bounded, if the session was lost)."""
+        doing = "listing resources"
         return await self._aread_only(
-            "listing resources", lambda session: resources.list_all_resources(session, self.url),
-            empty=list)
+            doing, lambda live, _: resources.list_all_resources(live.session, self.url),
+            functools.partial(self._resource_failed, doing=doing, listing=True))
 
     @on_fleetenv_loop
     async def alist_resource_templates(self) -> list[ResourceTemplate]:
         """Coroutine twin of `list_resource_templates`."""
+        doing = "listing resource templates"
         return await self._aread_only(
-            "listing resource templates",
-            lambda session: resources.list_all_resource_templates(session, self.url),
-            empty=list)
+            doing, lambda live, _: resources.list_all_resource_templates(live.session, self.url),
+            functools.partial(self._resource_failed, doing=doing, listing=True))
 
     @on_fleetenv_loop
     async def aread_resource(self, uri: str) -> tuple[ResourceBlock, ...]:
@@ -369,8 +324,10 @@ class MCPConnection:
         if not isinstance(uri, str) or not uri:
             raise TypeError(f"read_resource needs a resource URI string, got {uri!r}; "
                             "list_resources() shows the URIs this endpoint serves")
+        doing = f"reading {uri}"
         return await self._aread_only(
-            f"reading {uri}", lambda session: resources.read_contents(session, uri), uri=uri)
+            doing, lambda live, _: resources.read_contents(live.session, uri),
+            functools.partial(self._resource_failed, doing=doing, uri=uri))
 
     # ------------------------------------------------------------------ session ownership
 
@@ -384,11 +341,7 @@ class MCPConnection:
                 hint="open a new MCPConnection",
             )
 
-    async def _ensure_live(self) -> _Live:
-        live, _ = await self._ensure_live_fresh()
-        return live
-
-    async def _ensure_live_fresh(self) -> tuple[_Live, bool]:
+    async def _ensure_live(self) -> tuple[_Live, bool]:
         """The current usable session (opening or replacing it if needed), and if it is new."""
         import anyio
 
@@ -499,7 +452,7 @@ class MCPConnection:
                         ClientSession(read, write, message_handler=self._on_message)
                     )
                     await session.initialize()
-                    raw_tools = await _list_all(session)
+                    raw_tools = await resources.list_pages(session.list_tools, "tools")
                     scope.deadline = math.inf
                     live = _Live(
                         session=session, stop=anyio.Event(), dead=dead, raw_tools=raw_tools,
@@ -513,7 +466,6 @@ class MCPConnection:
                 raise failures.connect_error(
                     exc, endpoint=self.url, statuses=statuses, timeout_s=timeout_s
                 ) from exc
-            live.error = exc
             live.lost = True
             logger.debug("MCP session owner for %s ended with %r", self.url, exc)
         finally:
@@ -568,36 +520,31 @@ class MCPConnection:
     async def _aread_only(
         self,
         doing: str,
-        request: Callable[[ClientSession], Awaitable[_T]],
-        *,
-        uri: str | None = None,
-        empty: Callable[[], _T] | None = None,
+        request: Callable[[_Live, bool], Awaitable[_T]],
+        failed: Callable[[Exception], _T],
     ) -> _T:
-        """Run a read-only ``request`` on the session, bounded by ``read_timeout_s``.
+        """Run a read-only ``request`` (given the session and whether it is new), bounded by
+        ``read_timeout_s``; ``failed`` answers or raises for an error other than a lost session.
 
-        Like listing tools, it is repeated (bounded, paced as setup) on a new session when
-        the session was lost, since reading twice has no effect. ``empty`` is the answer
-        when the server says it does not implement the method at all.
+        A lost session is replaced and the request repeated (bounded, paced as setup),
+        since reading twice has no effect.
         """
         import anyio
 
         async def attempt() -> _T:
-            live = await self._ensure_live()
+            live, fresh = await self._ensure_live()
             try:
                 with anyio.fail_after(self.read_timeout_s):
-                    return await request(live.session)
+                    return await request(live, fresh)
             except Exception as exc:
                 if failures.session_lost(exc) or live.watch.gone is not None:
                     self._mark_lost(live, live.watch.gone or exc)  # the next attempt reconnects
                     raise failures.SessionGone(live.watch.gone or repr(exc)) from exc
-                if empty is not None and resources.is_not_implemented(exc):
-                    return empty()
-                failure = resources.request_failed(exc, doing=doing, endpoint=self.url,
-                                                   timeout_s=self.read_timeout_s, uri=uri)
-                if failure is exc:
-                    raise
-                raise failure from exc
+                return failed(exc)
 
+        # Each attempt is bounded by the setup budget and read_timeout_s, so only the
+        # number of attempts needs a limit. Setup failures are not retried here again:
+        # the setup policy already did.
         policy = self.retry.with_budget(None, max_attempts=self.list_attempts)
         return await policy.acall(
             attempt,
@@ -605,6 +552,15 @@ class MCPConnection:
             give_up=lambda last, attempts: failures.gave_up(doing, last, attempts,
                                                             endpoint=self.url),
         )
+
+    def _resource_failed(self, exc: Exception, doing: str, *, uri: str | None = None,
+                         listing: bool = False) -> Any:
+        """A listing's ``[]`` when the server does not implement the method at all; else
+        the error of a resource request (`resources.request_failed`)."""
+        if listing and resources.is_not_implemented(exc):
+            return []
+        resources.request_failed(exc, doing=doing, endpoint=self.url,
+                                 timeout_s=self.read_timeout_s, uri=uri)
 
     async def _on_message(self, message: Any) -> None:
         """The session's ``message_handler``: server notifications (and transport
@@ -659,24 +615,6 @@ async def _load_dependencies() -> None:
     if _loading is None or _loading.get_loop() is not asyncio.get_running_loop():
         _loading = asyncio.ensure_future(runtime.current().run_blocking(_import_dependencies))
     await asyncio.shield(_loading)
-
-
-async def _list_all(session: ClientSession) -> list[Any]:
-    """All tools, following ``nextCursor`` (ClientSession.list_tools returns one page)."""
-    from mcp.types import PaginatedRequestParams
-
-    tools: list[Any] = []
-    cursor: str | None = None
-    seen: set[str] = set()
-    for _ in range(_MAX_LIST_PAGES):
-        params = PaginatedRequestParams(cursor=cursor) if cursor else None
-        page = await session.list_tools(params=params)
-        tools.extend(page.tools)
-        cursor = page.next_cursor
-        if not cursor or cursor in seen:
-            return tools
-        seen.add(cursor)
-    return tools
 
 
 # ---------------------------------------------------------------------- shutdown

@@ -1,18 +1,11 @@
 """What an MCP failure means: never sent, may have run, session lost, or cannot connect.
 
 The ``mcp`` client reports transport trouble as JSON-RPC error codes, anyio stream
-errors, httpx2 errors and exception groups around them. Each is turned here, once, on
-types and codes, into one of four answers, because each allows a different action
-(docs/mcp.md, "What is retried"):
-
-* **cannot connect** (`connect_error`): nothing with an effect was sent; ``retryable``
-  says whether a server that is still starting could explain it.
-* **never sent** (`NeverSent`): the request provably did not reach a tool (the write
-  stream was closed, or the server no longer knew the session: `session_gone_answer`);
-  only such a call may be sent again.
-* **may have run** (`ToolCallMayHaveRunError`): never replayed.
-* **session lost** (`session_lost`): the next operation opens a new session, and
-  read-only work may simply be repeated.
+errors, httpx2 errors and exception groups around them; each is turned here, once, on
+types and codes, into one of those four answers, because each allows a different action
+(docs/mcp.md, "What is retried"): only a request that was provably never sent
+(`NeverSent`) may be sent again; read-only work is repeated after a lost session
+(`session_lost`); a call that may have run (`ToolCallMayHaveRunError`) never is.
 
 ``mcp``, ``httpx2`` and ``anyio`` are imported inside the functions: ``import fleetenv``
 must stay cheap.
@@ -394,9 +387,8 @@ class QuietEndedSessions(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not message.startswith(("Session termination failed: 404",
-                                       "Session termination failed: 410",
-                                       "Session termination failed: 400"))
+        return not any(message.startswith(f"Session termination failed: {status}")
+                       for status in SESSION_GONE_STATUSES)
 
     @classmethod
     def install(cls, target: logging.Logger) -> None:

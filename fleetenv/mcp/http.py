@@ -1,21 +1,10 @@
-"""HTTP clients for MCP traffic (httpx2), used on the loop thread only.
+"""HTTP clients for MCP traffic (httpx2), used on the loop thread only, and the pacing of
+session setups.
 
-Each MCP connection gets its own ``httpx2.AsyncClient`` with its own small connection
-pool: its headers (each endpoint carries its own auth), timeouts and cookies are its own,
-and its pool holds only its own two or three connections (the session's long-lived GET
-stream and the POSTs): httpcore scans every pooled connection on every request, so one
-process-wide pool would cost the loop thread CPU in proportion to the whole rollout.
-
-What is expensive to build is the SSL context (tens of milliseconds of CPU): the process
-builds ONE per runtime generation, off the loop, and every connection's pool shares it.
-Pools are unbounded (``max_connections=None``): a stateful session holds a GET stream
-open, and a bounded pool would make the session's next request wait for it.
-Closing a connection's client closes its pool. Proxies from the environment are honoured
-by each client (``trust_env``), as httpx2 does by default.
-
-Each client's transport (`fleetenv.mcp.keepalive`) reads the rest of a reply the ``mcp``
-client closes early, so its connection is pooled, and caps a JSON reply at the message
-limit, as ``mcp`` caps an SSE event.
+Each MCP connection gets its own ``httpx2.AsyncClient`` and small unbounded pool, and all
+of them share ONE SSL context per runtime generation, built off the loop; why (measured):
+docs/mcp.md ("HTTP clients"). Each client's transport is `fleetenv.mcp.keepalive`'s;
+proxies from the environment are honoured (``trust_env``, httpx2's default).
 """
 
 from __future__ import annotations
@@ -59,7 +48,8 @@ _KEEPALIVE_PER_CONNECTION = 8
 _KEEPALIVE_EXPIRY_S = 4.0
 # An error body longer than this is not read to classify it (real ones are tiny).
 _MAX_ERROR_BODY = 64 * 1024
-# Where fleetenv puts its per-call id in a tools/call request (see fleetenv.mcp.connection).
+# Every tools/call carries a fresh id under this `_meta` key, so a server (our local one in
+# particular) can prove that no logical call was executed twice.
 CALL_ID_META_KEY = "fleetenv/call_id"
 
 
@@ -177,13 +167,8 @@ def _call_id(request: httpx2.Request) -> str | None:
 
 # ---------------------------------------------------------------------- handshake pacing
 #
-# A session setup (TCP, initialize, the first tools/list) costs the loop thread a few ms
-# of CPU and the server more. When 64-256 episodes open at once on a 2-core machine, all
-# of them handshaking together each take so long that every one hits its connect
-# timeout, and the retries make it worse. Setups therefore queue for one of a
-# process-wide number of slots. Waiting in the queue does not count against an
-# attempt's connect timeout (that bounds the server, not the queue) but does count
-# against the caller's overall budget.
+# Setups queue for a process-wide number of slots: 64-256 episodes handshaking at once on
+# a small machine would all hit their connect timeouts (docs/mcp.md, "What is retried").
 
 
 def _default_handshakes() -> int:
@@ -239,11 +224,9 @@ async def handshake_slot(endpoint: str, deadline: Deadline) -> AsyncIterator[Non
         _limiter.total_tokens = limit
     limiter = _limiter
     remaining = deadline.remaining()
-    acquired = False
-    with anyio.move_on_after(remaining if remaining is not None else float("inf")):
+    with anyio.move_on_after(remaining if remaining is not None else float("inf")) as scope:
         await limiter.acquire()
-        acquired = True
-    if acquired:
+    if not scope.cancelled_caught:
         try:
             yield
         finally:

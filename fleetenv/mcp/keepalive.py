@@ -1,24 +1,15 @@
 """The transport under each MCP client: keep-alive, and the size cap of replies.
 
-Keep-alive: the ``mcp`` client closes a POST's reply as soon as it has the JSON-RPC
-answer: an SSE reply before the server's last chunk, a ``202`` before its (empty) body was
-read. httpcore then closes the TCP connection instead of returning it to the pool, so
-every request of a session would pay a new connection. The transport made here reads what
-is left of a POST or DELETE reply when it is closed, so the connection goes back to the
-pool. It does so after the caller already has its answer (the ``mcp`` client delivers the
-answer, then closes), and bounded: at most ``MAX_DRAIN_BYTES`` within ``DRAIN_S``; a
-server that keeps the stream open longer loses the connection. GET replies (the session's
-long-lived stream) are closed as they are.
+Keep-alive: the ``mcp`` client closes a POST's reply as soon as it has the answer, so
+httpcore would close the TCP connection instead of pooling it (docs/performance.md). The
+transport reads the rest of a POST or DELETE reply when it is closed, bounded (at most
+``MAX_DRAIN_BYTES`` within ``DRAIN_S``); GET replies (the session's stream) close as they are.
 
-Size cap: the ``mcp`` client reads an ``application/json`` reply (and the JSON error of a
-4xx) whole before parsing it; only the events of an SSE reply have a size limit there. So,
-given a ``limit``, reading any other POST or DELETE reply raises `ReplyTooLarge` as soon
-as it announces (Content-Length) or reaches more than ``limit`` bytes, without reading
-further, and its connection is closed, never drained or pooled. ``ReplyTooLarge`` is an
-``httpx2.StreamError``, which ``mcp`` reports as a JSON-RPC parse error of the request
-(`fleetenv.mcp.failures.over_limit` finds fleetenv's words in it). Bytes are counted
-decoded: a compressed reply is decoded here, by ``httpx2``'s own decoders, in steps of at
-most 1 MiB. ``httpx2`` and ``anyio`` are imported on first use.
+Size cap: ``mcp`` limits only SSE events, and reads a JSON reply whole. Given a ``limit``,
+reading any other POST or DELETE reply raises `ReplyTooLarge` once it announces or reaches
+more than ``limit`` decoded bytes, and its connection is closed, never drained. As an
+``httpx2.StreamError``, ``mcp`` reports it as the request's JSON-RPC parse error, where
+`fleetenv.mcp.failures.over_limit` finds fleetenv's words (docs/mcp.md).
 """
 
 from __future__ import annotations
@@ -48,14 +39,13 @@ def keep_alive_transport(
 ) -> httpx2.AsyncBaseTransport:
     """``inner``, draining POST and DELETE replies closed early and, with a ``limit``,
     raising `ReplyTooLarge` past it (see the module docstring)."""
-    transport_class, _ = _keep_alive_classes()
-    transport: httpx2.AsyncBaseTransport = transport_class(inner, limit)
+    transport: httpx2.AsyncBaseTransport = _keep_alive_class()(inner, limit)
     return transport
 
 
 @functools.cache
-def _keep_alive_classes() -> tuple[type[Any], type[Any]]:
-    """The transport and stream classes (built on first use: ``httpx2`` is imported then)."""
+def _keep_alive_class() -> type[Any]:
+    """The transport class (built on first use: ``httpx2`` is imported then)."""
     import anyio
     import httpx2
 
@@ -165,7 +155,7 @@ def _keep_alive_classes() -> tuple[type[Any], type[Any]]:
         async def aclose(self) -> None:
             await self._inner.aclose()
 
-    return KeepAliveTransport, DrainingStream
+    return KeepAliveTransport
 
 
 def _is_event_stream(response: httpx2.Response) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleetenv.core.errors import DeadlineExceeded, ResourceError
 from fleetenv.core.tool_results import ContentAnnotations, ResourceBlock, read_resource_block
@@ -26,11 +26,12 @@ __all__ = [
     "ResourceTemplate",
     "list_all_resource_templates",
     "list_all_resources",
+    "list_pages",
     "read_contents",
     "request_failed",
 ]
 
-# Like tool listing: a server that keeps returning cursors cannot hold us forever.
+# A server that keeps returning cursors cannot hold a listing forever.
 MAX_LIST_PAGES = 1000
 # JSON-RPC codes: the server does not implement the method / resource not found (MCP).
 _METHOD_NOT_FOUND = -32601
@@ -110,15 +111,16 @@ def has_resources(session: ClientSession) -> bool:
     return capabilities is not None and capabilities.resources is not None
 
 
-async def _paginate(fetch: Callable[[Any], Awaitable[Any]], items: str) -> list[Any]:
-    """Every item over all pages, following ``nextCursor`` (bounded, loop-safe)."""
+async def list_pages(fetch: Callable[..., Awaitable[Any]], items: str) -> list[Any]:
+    """Every item over all pages of ``fetch`` (a ``ClientSession.list_*`` method),
+    following ``nextCursor`` (bounded, loop-safe)."""
     from mcp.types import PaginatedRequestParams
 
     collected: list[Any] = []
     cursor: str | None = None
     seen: set[str] = set()
     for _ in range(MAX_LIST_PAGES):
-        page = await fetch(PaginatedRequestParams(cursor=cursor) if cursor else None)
+        page = await fetch(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
         collected.extend(getattr(page, items))
         cursor = page.next_cursor
         if not cursor or cursor in seen:
@@ -131,11 +133,8 @@ async def list_all_resources(session: ClientSession, endpoint: str) -> list[Reso
     """All resources of the session's server (``[]`` if it has no resources capability)."""
     if not has_resources(session):
         return []
-
-    async def fetch(params: Any) -> Any:
-        return await session.list_resources(params=params)
-
-    return [Resource.from_mcp(item, endpoint) for item in await _paginate(fetch, "resources")]
+    raw = await list_pages(session.list_resources, "resources")
+    return [Resource.from_mcp(item, endpoint) for item in raw]
 
 
 async def list_all_resource_templates(
@@ -144,11 +143,7 @@ async def list_all_resource_templates(
     """All resource templates (``[]`` without the resources capability)."""
     if not has_resources(session):
         return []
-
-    async def fetch(params: Any) -> Any:
-        return await session.list_resource_templates(params=params)
-
-    raw = await _paginate(fetch, "resource_templates")
+    raw = await list_pages(session.list_resource_templates, "resource_templates")
     return [ResourceTemplate.from_mcp(item, endpoint) for item in raw]
 
 
@@ -167,20 +162,21 @@ async def read_contents(session: ClientSession, uri: str) -> tuple[ResourceBlock
 
 def request_failed(
     exc: Exception, *, doing: str, endpoint: str, timeout_s: float, uri: str | None = None
-) -> Exception:
-    """What a resource request that raised ``exc`` (and is not a lost session) means.
+) -> NoReturn:
+    """Raise what a resource request that raised ``exc`` (and is not a lost session) means.
 
     A request that got no answer in time becomes `DeadlineExceeded`; an error the server
     answered becomes `ResourceError` naming the endpoint (and URI); anything else is
-    returned unchanged for the caller to re-raise.
+    raised unchanged.
     """
     from mcp import MCPError
 
     if isinstance(exc, TimeoutError):
-        return DeadlineExceeded(f"{doing} got no answer within {timeout_s:g} s",
-                                endpoint=endpoint, uri=uri, hint="pass a larger read_timeout_s")
+        raise DeadlineExceeded(f"{doing} got no answer within {timeout_s:g} s",
+                               endpoint=endpoint, uri=uri,
+                               hint="pass a larger read_timeout_s") from exc
     if not isinstance(exc, MCPError):
-        return exc
+        raise exc
     if exc.code == _RESOURCE_NOT_FOUND:
         hint = "list_resources() and list_resource_templates() show what this server has"
     elif exc.code == _METHOD_NOT_FOUND:
@@ -188,8 +184,8 @@ def request_failed(
     else:
         hint = None
     detail = failures.over_limit(exc) or exc.message
-    return ResourceError(f"{doing} failed: {detail}", endpoint=endpoint, uri=uri,
-                         mcp_error=exc.code, hint=hint)
+    raise ResourceError(f"{doing} failed: {detail}", endpoint=endpoint, uri=uri,
+                        mcp_error=exc.code, hint=hint) from exc
 
 
 def is_not_implemented(exc: BaseException) -> bool:

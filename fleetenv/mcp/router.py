@@ -1,14 +1,9 @@
 """`ToolRouter`: the tools of one episode, gathered from its MCP endpoints, and call routing.
 
-An episode talks to one to three endpoints (see `endpoints_for`). The router opens one
-`MCPConnection` per endpoint, lists them all, and gives each tool name to the FIRST
-endpoint (in the given order) that lists it. A *fallback* endpoint is opened only when
-the endpoints before it serve no tool (absent, or listing none): a tool-use episode opens
-``{root}mcp`` alone (one session, not two) and reaches for ``{root}api/v1/mcp`` only on
-images that serve their tools there (``union=True`` opens both at once and routes the
-tools of both). A required endpoint that fails is an error that names it, never a
-silently shorter tool list. An optional endpoint that is simply not there (HTTP 404/405)
-is skipped; any other failure of it is an error too.
+Each tool name goes to the FIRST endpoint (in the given order) that lists it; a fallback
+endpoint is opened only when the endpoints before it serve no tool; a required endpoint
+that fails is an error naming it, an optional one that is absent (404/405) is skipped.
+The endpoints of each modality and why: docs/mcp.md ("ToolRouter").
 """
 
 from __future__ import annotations
@@ -296,7 +291,7 @@ class ToolRouter:
                             group.start_soon(open_one, self._connections[member.url])
                     wave = []
                 if endpoint is not None:  # a fallback
-                    if self._serving(outcomes) or self._failed(outcomes):
+                    if self._settled(outcomes):
                         self._unused.append(endpoint.url)
                     else:
                         wave.append(endpoint)
@@ -345,19 +340,15 @@ class ToolRouter:
     async def alist_resources(self) -> list[Resource]:
         """Coroutine twin of `list_resources`."""
         await self.aopen()
-        found: list[Resource] = []
-        for connection in self._open_connections():
-            found.extend(await connection.alist_resources())
-        return found
+        return [item for connection in self._open_connections()
+                for item in await connection.alist_resources()]
 
     @on_fleetenv_loop
     async def alist_resource_templates(self) -> list[ResourceTemplate]:
         """Coroutine twin of `list_resource_templates`."""
         await self.aopen()
-        found: list[ResourceTemplate] = []
-        for connection in self._open_connections():
-            found.extend(await connection.alist_resource_templates())
-        return found
+        return [item for connection in self._open_connections()
+                for item in await connection.alist_resource_templates()]
 
     @on_fleetenv_loop
     async def aread_resource(
@@ -394,24 +385,21 @@ class ToolRouter:
 
     # ------------------------------------------------------------------ internals
 
-    def _serving(self, outcomes: Mapping[str, Exception | None]) -> bool:
-        """True when an endpoint opened so far lists at least one tool."""
-        return any(error is None and self._connections[url]._tools
+    def _serves(self, url: str, outcomes: Mapping[str, Exception | None]) -> bool:
+        """True when endpoint ``url`` opened and lists at least one tool."""
+        return outcomes.get(url, False) is None and bool(self._connections[url]._tools)
+
+    def _settled(self, outcomes: Mapping[str, Exception | None]) -> bool:
+        """True when an endpoint opened so far lists a tool, or failed otherwise than by
+        being absent: its error is the open's outcome, and a fallback must not spend the
+        budget again."""
+        return any(self._serves(url, outcomes) or (error is not None and not _is_absent(error))
                    for url, error in outcomes.items())
 
-    def _failed(self, outcomes: Mapping[str, Exception | None]) -> bool:
-        """True when an endpoint opened so far failed otherwise than by being absent: its
-        error is the open's outcome, and a fallback must not spend the budget again."""
-        return any(error is not None and not _is_absent(error) for error in outcomes.values())
-
     def _route(self, outcomes: Mapping[str, Exception | None]) -> None:
-        tools: list[Tool] = []
-        owners: dict[str, MCPConnection] = {}
         skipped: list[str] = []
         rescued = any((endpoint.fallback or not endpoint.required)
-                      and outcomes.get(endpoint.url, False) is None
-                      and self._connections[endpoint.url]._tools
-                      for endpoint in self.endpoints)
+                      and self._serves(endpoint.url, outcomes) for endpoint in self.endpoints)
         for endpoint in self.endpoints:
             if endpoint.url in self._unused:
                 continue
@@ -421,13 +409,8 @@ class ToolRouter:
                     skipped.append(endpoint.url)
                     continue
                 raise error
-            connection = self._connections[endpoint.url]
-            assert connection._tools is not None  # set by a successful open
-            for tool in connection._tools:
-                if tool.name not in owners:  # the first endpoint listing a name owns it
-                    owners[tool.name] = connection
-                    tools.append(tool)
-        self._owners, self._skipped, self._tools = owners, skipped, tools
+        self._skipped = skipped
+        self._reroute()
 
     def _open_connections(self) -> list[MCPConnection]:
         """The connections of the endpoints that exist and were opened, in endpoint order."""
