@@ -24,9 +24,6 @@ LAYERS = (
     ("fleetenv.reports", "fleetenv.adapters"),
     ("fleetenv.cli", "fleetenv.__main__", "fleetenv"),
 )
-#: Imports that run back up today, each with the part of issue 25 that removes it.
-KNOWN_BACK_UP = {
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -81,7 +78,7 @@ def test_nothing_imports_from_a_layer_above_it() -> None:
             continue
         for target in sorted(_imports(name, path)):
             there = _layer(target)
-            if there is not None and there > here and (name, target) not in KNOWN_BACK_UP:
+            if there is not None and there > here:
                 back_up.append(f"{name} -> {target}")
     assert not back_up, "imports that run back up the layers:\n" + "\n".join(back_up)
 
