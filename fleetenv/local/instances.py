@@ -26,7 +26,7 @@ import anyio
 
 from fleetenv.local.cdp import Browser
 from fleetenv.local.databases import InstanceDatabase, SeedCache, copy_database
-from fleetenv.local.mcp_host import InstanceMCP, ToolGate
+from fleetenv.local.mcp_host import InstanceMCP, ToolGate, ToolTemplates
 from fleetenv.local.wire import ControlPlaneError
 
 if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
@@ -172,6 +172,7 @@ class InstanceStore:
         self._by_request_id: dict[str, tuple[dict[str, Any], str]] = {}
         self._creating: dict[str, anyio.Event] = {}
         self._wakeup = anyio.Event()
+        self._tool_templates: ToolTemplates = {}  # shared by every instance's MCP servers
         #: Awaited first by `stop_all`: other resources that must end with the server
         #: (their open MCP streams would hold up its graceful shutdown).
         self.on_stop_all: list[Callable[[], Awaitable[None]]] = []
@@ -327,7 +328,8 @@ class InstanceStore:
 
         instance.db = await anyio.to_thread.run_sync(prepare)
         db = instance.db
-        instance.mcp = InstanceMCP(app=app, db_factory=db.session, gate=gate, host=self.host)
+        instance.mcp = InstanceMCP(app=app, db_factory=db.session, gate=gate, host=self.host,
+                                   templates=self._tool_templates)
         await instance.mcp.start(task_group)
         instance.status = "running"
         instance.updated_at = time.time()
