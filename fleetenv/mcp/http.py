@@ -10,8 +10,9 @@ What is expensive to build is the SSL context (tens of milliseconds of CPU): the
 builds ONE per runtime generation, off the loop, and every connection's pool shares it.
 Pools are unbounded (``max_connections=None``): a stateful session holds a GET stream
 open, and a bounded pool would make the session's next request wait for it.
-Closing a connection's client closes its pool. Proxies from the environment are honoured
-by each client (``trust_env``), as httpx2 does by default.
+Closing a connection's client closes its pool, and its transport closes the connections
+idle for ``keepalive.IDLE_S`` (the pool's keep-alive expiry). Proxies from the environment
+are honoured by each client (``trust_env``), as httpx2 does by default.
 
 Each client's transport (`fleetenv.mcp.keepalive`) reads the rest of a reply the ``mcp``
 client closes early, so its connection is pooled, and caps a JSON reply at the message
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from fleetenv import runtime
 from fleetenv.core.errors import ConfigurationError, ConnectError
 from fleetenv.core.retry import Deadline
-from fleetenv.mcp import failures
+from fleetenv.mcp import failures, keepalive
 from fleetenv.mcp.keepalive import keep_alive_transport
 
 if TYPE_CHECKING:
@@ -134,7 +135,8 @@ async def connection_client(
         transport=keep_alive_transport(httpx2.AsyncHTTPTransport(
             verify=context,
             limits=httpx2.Limits(max_connections=None,
-                                 max_keepalive_connections=_KEEPALIVE_PER_CONNECTION),
+                                 max_keepalive_connections=_KEEPALIVE_PER_CONNECTION,
+                                 keepalive_expiry=keepalive.IDLE_S),
         ), limit=max_reply_bytes),
         event_hooks={"response": [_record]},
     )
