@@ -55,7 +55,7 @@ _LAZY: dict[str, str] = {
     # rollouts, for trainers
     "Runner": "fleetenv.rollouts.runner",
     "run_episode": "fleetenv.rollouts.rollout",
-    "run_episode_async": "fleetenv.rollouts.async_rollout",
+    "run_episode_async": "fleetenv.rollouts.rollout",
     "RayRunner": "fleetenv.rollouts.ray_runner",
     "WarmPool": "fleetenv.fleet.warm_pool",
     "PolicyContext": "fleetenv.rollouts.policy",
@@ -108,13 +108,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from fleetenv.fleet.warm_pool import WarmPool
     from fleetenv.local import LocalFleet
     from fleetenv.mcp.tools import Tool
-    from fleetenv.rollouts.async_rollout import run_episode_async
     from fleetenv.rollouts.metrics import summarize
     from fleetenv.rollouts.policy import PolicyContext, Reply
     from fleetenv.rollouts.policy_spec import PolicySpec
     from fleetenv.rollouts.ray_runner import RayRunner
     from fleetenv.rollouts.results import ResultsWriter, read_results
-    from fleetenv.rollouts.rollout import run_episode
+    from fleetenv.rollouts.rollout import run_episode, run_episode_async
     from fleetenv.rollouts.runner import Runner
 
 

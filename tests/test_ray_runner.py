@@ -7,6 +7,7 @@ loopback, exactly as they would to Fleet.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.local import LocalFleet
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
-from fleetenv.rollouts.ray_actors import LiveInstanceCap
+from fleetenv.rollouts.ray_runner import LiveInstanceCap
 from fleetenv.rollouts.runner import Runner
 
 ray = pytest.importorskip("ray")
@@ -347,3 +348,23 @@ def test_local_mode_workers_use_the_drivers_embedded_fleet() -> None:
     assert [r.reward for r in results] == [1.0, 1.0], [r.error for r in results]
     assert _created_with_tags(embedded, runner.run_tags) == [instance_id]
     assert _running_with_tags(embedded, runner.run_tags) == []
+
+
+def test_ray_has_the_runners_async_twins_and_trace_upload(local_fleet: LocalFleet) -> None:
+    # Before, RayRunner had its own copy of the Runner's loop: no submit_async, no
+    # run_async, futures that asyncio could not await, and no traces=.
+    task = _tool_use_tasks(1)[0]
+    name = f"test-ray-traces-{uuid.uuid4().hex[:8]}"
+
+    async def main(runner: RayRunner) -> list[Any]:
+        future = await runner.submit_async(task, REFERENCE)
+        streamed = [r async for r in runner.run_async([task], REFERENCE)]
+        return [await future, *streamed]
+
+    with RayRunner(workers=1, per_worker=2, config=_config(local_fleet),
+                   events=EventBus(sinks=[]), progress=False, traces=name) as runner:
+        results = asyncio.run(main(runner))
+    assert [r.reward for r in results] == [1.0, 1.0], [r.error for r in results]
+    report = runner.trace_report()
+    assert report is not None and report.ok and report.uploaded == 2, report
+    assert set(report.session_ids) == {r.rollout_id for r in results}

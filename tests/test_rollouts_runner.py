@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pytest
-from _support.waiting import wait_for
+from _support.waiting import poll_until, wait_for
 
 from fleetenv import bundled_tasks_path
 from fleetenv.core.config import FleetConfig, resolve_config
@@ -146,6 +146,47 @@ def test_a_dead_worker_process_is_an_error_result_and_its_instance_is_swept(
     # The dead worker had provisioned an instance; close() swept it by the run's tag.
     assert len(_created_with_tag(local_fleet, runner.run_tag)) >= 1
     assert _running_with_tag(local_fleet, runner.run_tag) == []
+
+
+UNCLOSED_PROCESS_DRIVER_SCRIPT = textwrap.dedent("""
+    import os, sys
+    from fleetenv.core.config import resolve_config
+    from fleetenv.core.task_files import load_tasks
+    from fleetenv import bundled_tasks_path
+    from fleetenv.rollouts.runner import Runner
+
+    config = resolve_config(api_key=os.environ["T_KEY"], base_url=os.environ["T_URL"],
+                            run_tag=os.environ["T_TAG"])
+    tasks = [t for t in load_tasks(bundled_tasks_path()) if t.modality == "tool_use"][:2]
+    runner = Runner(workers=2, mode="processes", config=config, progress=False)
+    futures = [runner.submit(task, "reference") for task in tasks]
+    print("RUNNING", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_sigterm_to_an_unclosed_process_runner_deletes_its_workers_instances(
+        local_fleet: LocalFleet, local_faults: Any) -> None:
+    # Before, the driver's exit cleanup only knew its own instances: its worker
+    # processes' instances ran on while their calls hung, until their TTL at worst.
+    local_faults.add("tool_hang")
+    tag = f"test-unclosed-processes-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, T_KEY=local_fleet.token, T_URL=local_fleet.base_url, T_TAG=tag)
+    child = subprocess.Popen([sys.executable, "-c", UNCLOSED_PROCESS_DRIVER_SCRIPT], env=env,
+                             text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().startswith("RUNNING")
+        wait_for(lambda: _held_tool_calls(local_faults) >= 2, 60, "2 held tool calls")
+        assert len(_running_with_tag(local_fleet, tag)) == 2
+        child.send_signal(signal.SIGTERM)  # to the driver only, as a job scheduler might
+        assert poll_until(lambda: not _running_with_tag(local_fleet, tag), 20), \
+            _running_with_tag(local_fleet, tag)
+    finally:
+        local_faults.clear()
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait(30)
 
 
 @MODES

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import uuid
 from typing import Any
 
 import anyio
@@ -20,14 +21,14 @@ from fleetenv import bundled_tasks_path
 from fleetenv.core.config import FleetConfig, resolve_config
 from fleetenv.core.errors import ConfigurationError
 from fleetenv.core.event_bus import EventBus
+from fleetenv.core.events import Event, RolloutCompleted, VerificationFinished
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.core.types import Done, RolloutResult, ToolCall
 from fleetenv.local import LocalFleet
-from fleetenv.rollouts.async_rollout import run_episode_async
 from fleetenv.rollouts.futures import AwaitableFuture
 from fleetenv.rollouts.policy import PolicyContext, Reply, ScriptedPolicy
-from fleetenv.rollouts.rollout import run_episode
+from fleetenv.rollouts.rollout import run_episode, run_episode_async
 from fleetenv.rollouts.runner import Runner
 from fleetenv.runtime import LOOP_THREAD_NAME
 
@@ -285,3 +286,73 @@ def test_modes_are_checked_where_they_are_given(local_fleet: LocalFleet) -> None
         assert "processes" in repr(runner)
         with pytest.raises(ConfigurationError, match="cannot be sent to a worker process"):
             runner.submit(_tool_use_tasks(1)[0], lambda context: REFERENCE.act(context))
+
+
+# ---------------------------------------------------------------- the episode loop, once
+
+
+def test_run_episode_refuses_an_async_policy_with_a_clear_error(
+        local_fleet: LocalFleet) -> None:
+    # Before, the blocking episode called the coroutine function and failed on the
+    # coroutine it got back (an AttributeError), with no word of the async twin.
+    task = _tool_use_tasks(1)[0]
+    tag = f"test-async-refused-{uuid.uuid4().hex[:8]}"
+    result = run_episode(task, AsyncReference(), config=_config(local_fleet),
+                         events=EventBus(sinks=[]), run_tag=tag)
+    assert result.stop_reason == "error" and result.reward is None
+    assert result.error is not None and result.error["type"] == "ConfigurationError"
+    assert "coroutine function" in result.error["message"]
+    assert "run_episode_async" in result.error["message"]
+    assert _running_with_tag(local_fleet, tag) == []
+
+
+def test_ctrl_c_in_run_episode_deletes_the_instance_ungraded_then_propagates(
+        local_fleet: LocalFleet) -> None:
+    # Before, the blocking episode graded the env on its way out of a Ctrl-C (a verifier
+    # run the user had just interrupted); now it is closed ungraded, as `with FleetEnv`
+    # does, and the instance is gone before the KeyboardInterrupt reaches the caller.
+    task = _tool_use_tasks(1)[0]
+    tag = f"test-ctrl-c-episode-{uuid.uuid4().hex[:8]}"
+    events: list[Event] = []
+
+    def interrupted(context: PolicyContext) -> Reply:
+        if context.turn == 1:
+            raise KeyboardInterrupt
+        return REFERENCE.act(context)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_episode(task, interrupted, config=_config(local_fleet),
+                    events=EventBus(sinks=[events.append]), run_tag=tag)
+    assert len(_created_with_tag(local_fleet, tag)) == 1
+    assert _running_with_tag(local_fleet, tag) == []
+    (completed,) = [e for e in events if isinstance(e, RolloutCompleted)]
+    assert (completed.reason, completed.grade_status) == ("interrupted", "not_graded")
+    assert not [e for e in events if isinstance(e, VerificationFinished)]
+
+
+def test_a_cancelled_run_episode_async_deletes_the_instance_before_it_returns(
+        local_fleet: LocalFleet) -> None:
+    task = _tool_use_tasks(1)[0]
+    tag = f"test-cancel-episode-{uuid.uuid4().hex[:8]}"
+    asked = threading.Event()
+
+    async def stuck(context: PolicyContext) -> Reply:
+        asked.set()
+        await anyio.sleep(3600)
+        raise AssertionError("not cancelled")
+
+    async def main() -> None:
+        with anyio.move_on_after(60):
+            episode = asyncio.ensure_future(run_episode_async(
+                task, stuck, config=_config(local_fleet), events=EventBus(sinks=[]),
+                run_tag=tag))
+            while not asked.is_set():
+                await asyncio.sleep(0.05)
+            episode.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await episode
+
+    asyncio.run(main())
+    assert asked.is_set()
+    assert len(_created_with_tag(local_fleet, tag)) == 1
+    assert _running_with_tag(local_fleet, tag) == []

@@ -442,3 +442,14 @@ def test_other_libraries_log_records_and_exception_text_are_scrubbed() -> None:
     text = buffer.getvalue()
     assert "sent {'token': '***'}" in text and "ValueError: refused ***" in text
     assert secret not in text
+
+
+def test_the_browser_api_key_is_scrubbed_like_the_fleet_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetenv.core.redaction import scrub_secrets
+    from fleetenv.fleet.leases import LEASE_API_KEY_ENV, LeaseClient
+
+    key = "browser-api-key-1f3a9c77d2"
+    monkeypatch.setenv(LEASE_API_KEY_ENV, key)
+    LeaseClient.configured("http://127.0.0.1:9", {})
+    assert key not in scrub_secrets(f"the browser API echoed {key} back")

@@ -262,7 +262,7 @@ def test_a_worker_session_never_sweeps_a_tag_its_siblings_still_use(
     sibling = session_on(local_fleet, run_tag=tag)
     worker = session_on(local_fleet, run_tag=tag, timeouts={"provision": 0.5},
                         retry_base_s=0.4, retry_cap_s=0.4)
-    worker.provisioner.sweeps_shared_tags = False  # what jobs.worker_session sets
+    worker.provisioner.sweeps_shared_tags = False  # what jobs.job_plan sets in a worker
     with sibling:
         alive = FleetEnv(TASK, session=sibling)
         alive.reset()

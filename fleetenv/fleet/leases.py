@@ -42,6 +42,7 @@ from fleetenv.core.errors import (
     PermanentProvisioningError,
     TransientProvisioningError,
 )
+from fleetenv.core.redaction import register_secret
 from fleetenv.core.retry import Backoff, Deadline, RetryPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,6 +131,7 @@ class LeaseClient:
         the session's Fleet and credentials."""
         url = os.environ.get(LEASE_API_URL_ENV, "").strip() or fleet_base_url
         key = os.environ.get(LEASE_API_KEY_ENV, "").strip()
+        register_secret(key)  # scrubbed from whatever the browser API or a tool echoes
         headers = {"Authorization": f"Bearer {key}"} if key else dict(fleet_headers)
         return cls(url, headers, retry=retry, connect_timeout_s=connect_timeout_s)
 

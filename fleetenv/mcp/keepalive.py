@@ -46,8 +46,10 @@ __all__ = ["DRAIN_S", "IDLE_S", "MAX_DRAIN_BYTES", "keep_alive_transport"]
 DRAIN_S = 0.5
 #: How much of a reply's rest closing it reads, at most.
 MAX_DRAIN_BYTES = 64 * 1024
-#: How long a pooled connection may stay idle: the pool's keep-alive expiry too.
-IDLE_S = 5.0
+#: How long a pooled connection may stay idle: the pool's keep-alive expiry too. Below the
+#: 5 s idle timeout of common servers (uvicorn, Node): a call sent just as the server closes
+#: its end fails after it may have been read.
+IDLE_S = 4.0
 
 logger = logging.getLogger("fleetenv.mcp")
 

@@ -1,4 +1,4 @@
-"""``Runner``: many rollouts in parallel on any ``concurrent.futures.Executor``.
+"""``Runner``: many rollouts in parallel, from blocking code or from async code.
 
     from fleetenv import Runner, ResultsWriter
 
@@ -6,103 +6,30 @@
         for result in runner.run(tasks, "reference", samples_per_task=4):
             out.write(result)                       # in the order rollouts finish
 
-Sessions
---------
-A runner runs on a :class:`~fleetenv.Session`: ``Runner(session=s)`` uses yours (and
-leaves it open), ``Runner(config=...)`` or ``Runner()`` makes its own and closes it with
-the runner. Either way the run tags its instances with its own ``run_tag``, so cancelling
-a run sweeps only that run's instances.
-
-Modes
------
-``Runner(mode=...)`` says where episodes run: ``"threads"``, ``"asyncio"``,
-``"processes"`` or ``"auto"`` (the default). The public API and the results are the
-same in every mode.
-
-* ``"asyncio"``: every episode is a coroutine on fleetenv's one event loop, with no
-  thread of its own (see ``async_jobs``): ``workers`` episodes run at once (at most
-  ``max_live_instances``), their blocking parts (provisioning, verification, deletion)
-  on a small pool, a sync policy on a pool of ``min(32, workers)`` threads, an async
-  policy (``async def act`` or a coroutine function) on the loop itself. Event sinks are
-  then called on the loop thread: a sink must not block for long.
-* ``"auto"``: with ``executor=`` given, ``"threads"`` for a ``ThreadPoolExecutor`` and
-  ``"processes"`` for anything else. Without one, each rollout picks by its policy:
-  ``"asyncio"`` for an async policy and for the built-in scripted ones (``"reference"``,
-  ``"scripted"``, ``ScriptedPolicy``), which cost the loop nothing; ``"threads"`` for
-  any other sync policy (a model client blocking on HTTP gets a thread per episode, as
-  many as ``workers``).
-
-Executors
----------
-* Threads (mode ``"threads"``: ``executor=`` or a ``ThreadPoolExecutor(workers)`` the
-  runner owns; any ``concurrent.futures.Executor`` that runs jobs in this process fits,
-  no subclass needed). Jobs get the live
-  objects: the policy object as given, the session, the runner's ``EventBus`` and its
-  ``CancelToken``. MCP traffic of every episode runs on fleetenv's one event-loop thread;
-  the worker threads only block, so threads are the right default for LLM agents (the
-  time goes to waiting on the model and the tools, not to Python).
-* A spawn ``ProcessPoolExecutor`` (mode ``"processes"``: ``executor=``, or one with
-  ``workers`` processes the runner owns; for policies that burn CPU in Python). Jobs must
-  pickle: a ``PolicySpec``, a spec string, a module-level function or a picklable policy
-  object; anything else is a ``ConfigurationError`` at ``submit()``. Each worker process
-  has its own event loop and its own session for the run, built from the settings the
-  runner sends; in local mode it talks to the *parent's* embedded Fleet (the runner
-  rewrites the config with its URL and token). Worker events come back with the
-  result and are re-emitted on the runner's bus, so accounting covers them too.
-* A distributed executor, e.g. Dask: ``Runner(executor=dask_client.get_executor(),
-  workers=<number of worker processes>, config=resolve_config(api_key=...))``. Treated
-  like a process pool (jobs are pickled). The embedded local Fleet listens on 127.0.0.1,
-  so remote machines need real Fleet (an API key). fleetenv does not depend on dask.
-
-Caps
-----
-* Episodes in flight: ``max_in_flight`` (default ``workers``), a semaphore around submit,
-  so ``run()`` over 10 000 tasks holds at most that many futures, not 10 000. Since an
-  episode holds at most one instance, this also bounds live instances of the run.
-* Instances being created / live (``FleetConfig.max_creating_instances`` /
-  ``max_live_instances``) are the session's caps. With threads they apply as configured.
-  With a process pool each worker process has its own session, so the runner divides both
-  caps by ``workers`` (at least 1 each) in the config it sends to workers: pass
-  ``workers`` equal to the pool's process count for the totals to hold.
-
-Failures and cancellation
--------------------------
-Every submitted rollout yields exactly one ``RolloutResult``; a broken episode, a dead
-worker process (``BrokenProcessPool``) or an unpicklable result becomes a result with
-``error`` set (``RolloutWorkerError``), and the batch goes on. ``cancel()`` closes every
-live env of this runner at once (threads), cancels queued rollouts, and deletes every
-instance tagged with the runner's ``run_tag`` via the control plane, which also reaches
-instances that worker processes created. ``run()`` cancels on Ctrl-C and re-raises;
-leaving a ``with Runner()`` block by an exception cancels too.
-
-Traces
-------
-``Runner(traces="job name")`` (or a :class:`~fleetenv.fleet.traces.TraceOptions`) uploads
-every finished episode's transcript to that Fleet trace job, on a background thread, off
-the rollouts' path; ``close()`` drains the uploads within a bound. Upload failures never
-fail the run: they are logged once and counted in ``runner.trace_report()``.
+The Runner keeps what every run shares: slots, iteration, results, progress, cancel and
+sweep, close, traces. Where episodes run is its dispatch (`fleetenv.rollouts.dispatch`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import contextvars
 import logging
-import multiprocessing
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sized
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sized
+from concurrent.futures import Executor, Future
 from types import TracebackType
 from typing import Any
 
+import anyio
+
+from fleetenv import runtime
 from fleetenv.core.config import FleetConfig
 from fleetenv.core.errors import (
     ConfigurationError,
     EpisodeStateError,
     RolloutCancelled,
-    RolloutWorkerError,
 )
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.tasks import Task
@@ -110,42 +37,75 @@ from fleetenv.core.types import Modality, RolloutResult, StopReason
 from fleetenv.env.options import EpisodeOptions
 from fleetenv.fleet.deadlines import abandon_calls, calls_owner
 from fleetenv.fleet.provisioning import new_run_tag
-from fleetenv.fleet.registry import install_signal_handlers
+from fleetenv.fleet.registry import install_signal_handlers, track
 from fleetenv.fleet.session import Session
 from fleetenv.fleet.traces import TraceOptions, TraceReport, TraceUploader
-from fleetenv.rollouts.async_jobs import LoopEpisodes
-from fleetenv.rollouts.async_rollout import is_async_policy, runs_on_loop
-from fleetenv.rollouts.futures import AwaitableFuture
+from fleetenv.rollouts.dispatch import MODES, Dispatch, make_dispatch
+from fleetenv.rollouts.futures import AwaitableFuture, _Shield
 from fleetenv.rollouts.jobs import (
     JobOutcome,
     PolicyLike,
     RolloutJob,
     RolloutSettings,
-    check_picklable,
-    failed_result,
-    run_job,
-    run_job_collecting_events,
+    cancelled_result,
+    worker_failed,
 )
 from fleetenv.rollouts.policy_spec import PolicySpec, parse_policy_spec
 from fleetenv.rollouts.progress import Progress
 from fleetenv.rollouts.rollout import CancelToken
-from fleetenv.rollouts.runner_async import iterate_async, on_pool, take_slot_async
 
 __all__ = ["MODES", "PolicyLike", "Runner"]
 
-#: The values of ``Runner(mode=...)``.
-MODES = ("auto", "threads", "asyncio", "processes")
-
 logger = logging.getLogger("fleetenv.rollouts")
 
-#: How often blocking waits wake up to notice a cancel (and redraw the progress bar).
+#: How often waits wake up to notice a cancel (and redraw the progress bar).
 _POLL_S = 0.25
 #: After close() cancelled what was still running, how long it waits for it to unwind.
 _CANCEL_GRACE_S = 15.0
 
 
 class Runner:
-    """Runs rollouts of a policy on tasks in parallel; see the module docstring."""
+    """Runs rollouts of a policy on tasks in parallel.
+
+    **Sessions.** ``Runner(session=s)`` runs on your session (and leaves it open);
+    ``Runner(config=...)`` or ``Runner()`` makes its own and closes it with the runner.
+    Either way the run tags its instances with its own ``run_tag``.
+
+    **Modes** (where episodes run; the API, events and results are the same in each):
+
+    * ``"threads"``: a thread per running episode (``workers``, or ``executor=``, any
+      in-process executor); jobs get the live policy, session, bus and token.
+    * ``"asyncio"``: episodes as coroutines on fleetenv's loop, no thread each:
+      ``min(workers, max_live_instances)`` at once, their blocking parts and a sync
+      policy on the runtime's pool, an async policy on the loop. Event sinks are then
+      called on the loop thread: a sink must not block for long.
+    * ``"processes"``: a spawn pool of ``workers`` processes, or ``executor=`` (a process
+      pool, or a distributed one such as Dask's, whose machines need real Fleet). Jobs
+      are pickled (the policy: a ``PolicySpec``, a spec string, a module-level function
+      or a picklable object, else a ``ConfigurationError`` at ``submit()``); each worker
+      has a session of its own, with the caps divided by ``workers`` and, in local mode,
+      this process's embedded Fleet; its events are re-emitted on the runner's bus.
+    * ``"auto"`` (default): with ``executor=``, ``"threads"`` for a
+      ``ThreadPoolExecutor``, else ``"processes"``. Without, per policy: ``"asyncio"``
+      for an async policy and the built-in scripted ones, ``"threads"`` for any other.
+
+    ``RayRunner`` is this runner with its episodes on Ray actors.
+
+    **Caps.** ``max_in_flight`` (default ``workers``) rollouts submitted and not
+    finished, so ``run()`` over 10 000 tasks holds that many futures; the session's
+    ``max_creating_instances`` and ``max_live_instances`` bound what reaches Fleet.
+
+    **Failures and cancellation.** Every submitted rollout yields exactly one
+    ``RolloutResult``: a broken episode, a dead worker or an unpicklable result is a
+    result with ``error`` set, and the batch goes on. ``cancel()`` closes the run's live
+    envs, cancels queued rollouts and deletes every instance tagged with ``run_tags``
+    (worker processes' too). ``run()`` cancels on Ctrl-C and re-raises; leaving a
+    ``with`` block by an exception cancels too.
+
+    **Traces.** ``traces="job name"`` (or a :class:`~fleetenv.fleet.traces.TraceOptions`)
+    uploads every finished episode to that Fleet trace job, off the rollouts' path;
+    failures are counted in ``trace_report()``, never fail the run.
+    """
 
     def __init__(
         self,
@@ -163,17 +123,13 @@ class Runner:
         progress: bool | None = None,
         traces: str | TraceOptions | None = None,
     ) -> None:
-        if workers < 1:
-            raise ConfigurationError(f"workers must be at least 1, got {workers}",
-                                     field="workers")
-        if max_in_flight is not None and max_in_flight < 1:
-            raise ConfigurationError(f"max_in_flight must be at least 1, got {max_in_flight}",
-                                     hint="leave it unset to use the number of workers",
-                                     field="max_in_flight")
+        for name, value in (("workers", workers), ("max_in_flight", max_in_flight)):
+            if value is not None and value < 1:
+                raise ConfigurationError(f"{name} must be at least 1, got {value}",
+                                         field=name)
         if session is not None and config is not None:
             raise ConfigurationError("pass either session= or config=, not both",
                                      hint="the session already holds the settings")
-        mode = _check_mode(mode, executor)
         trace_options = TraceOptions.of(traces) if traces is not None else None
         install_signal_handlers()  # SIGTERM deletes instances that worker threads create
         self._owns_session = session is None
@@ -185,74 +141,54 @@ class Runner:
         self.workers = workers
         self.max_in_flight = max_in_flight or workers
         self.events: EventBus = events if events is not None else self.session.events
-        #: ``"auto"``, ``"threads"``, ``"asyncio"`` or ``"processes"`` (as resolved for
-        #: a given executor: ``"auto"`` stays only without one, deciding per policy).
-        self.mode = mode
-        self._owns_executor = executor is None
-        self._given_executor = executor
-        self._made_executor: Executor | None = None
-        self._in_process = mode != "processes"
-        job_config = (self.config if self._in_process
-                      else _worker_config(self.session, workers))
         self._settings = RolloutSettings(
-            config=job_config, system_prompt=system_prompt,
+            config=self.config, system_prompt=system_prompt,
             options=EpisodeOptions.of(options, max_steps=max_steps, run_tag=self.run_tag))
         self._slots = threading.Semaphore(self.max_in_flight)
         self._token = CancelToken()
-        self._loop_episodes: LoopEpisodes | None = None
         self._lock = threading.Lock()
         #: Coroutines waiting for a slot (``submit_async``): woken when one frees.
         self._slot_waiters: list[Future[None]] = []
-        #: Caller's future -> the executor's future, for every rollout not yet finished.
+        #: Caller's future -> the dispatch's future, for every rollout not yet finished.
         self._running: dict[Future[RolloutResult], Future[Any]] = {}
         self._cancelled = False
         self._closed = False
-        # Set when a worker failed outside run_episode (a dead process): instances it had
-        # created are orphans, so close() sweeps the run's tag.
+        # A worker died outside its episode: its instances are orphans, close() sweeps.
         self._worker_lost = False
         self._progress = Progress(enabled=progress)
+        try:
+            self._dispatch = self._make_dispatch(mode, executor)
+        except BaseException:
+            if self._owns_session:
+                self.session.close()
+            raise
+        #: One of `MODES` (``"auto"`` only without an executor), ``"ray"`` for a RayRunner.
+        self.mode: str = self._dispatch.mode
+        if not self._dispatch.in_process:
+            # Workers elsewhere: until close(), every exit path sweeps their instances.
+            self.session.instances.add_sweeper(self._sweep)
+            track(self.session.instances)
         #: Uploads finished episodes to a Fleet trace job (``traces=``), else None.
         self.traces: TraceUploader | None = (
             TraceUploader(self.session, trace_options) if trace_options else None)
 
+    def _make_dispatch(self, mode: str, executor: Executor | None) -> Dispatch:
+        return make_dispatch(mode, executor, workers=self.workers, session=self.session,
+                             events=self.events, cancel=self._token,
+                             settings=self._settings)
+
     def __repr__(self) -> str:
-        kind = (self.mode if self._given_executor is None
-                else f"{self.mode}: {type(self._given_executor).__name__}")
-        return (f"Runner({kind}, workers={self.workers}, max_in_flight={self.max_in_flight}, "
-                f"run_tag={self.run_tag!r})")
+        return (f"{type(self).__name__}({self._dispatch!r}, "
+                f"max_in_flight={self.max_in_flight}, run_tag={self.run_tag!r})")
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled
 
     @property
-    def _executor(self) -> Executor:
-        """The executor of thread / process rollouts, made on first use (a runner whose
-        rollouts all run on the loop never starts a pool)."""
-        if self._given_executor is not None:
-            return self._given_executor
-        with self._lock:
-            if self._made_executor is None:
-                self._made_executor = (
-                    ProcessPoolExecutor(self.workers,
-                                        mp_context=multiprocessing.get_context("spawn"))
-                    if self.mode == "processes" else
-                    ThreadPoolExecutor(max_workers=self.workers,
-                                       thread_name_prefix="fleetenv-rollout"))
-            return self._made_executor
-
-    def _on_loop(self, policy: Any) -> bool:
-        """Whether a rollout of ``policy`` runs on fleetenv's loop (see Modes)."""
-        if self.mode == "asyncio":
-            return True
-        return self.mode == "auto" and runs_on_loop(policy)
-
-    def _loop(self) -> LoopEpisodes:
-        with self._lock:
-            if self._loop_episodes is None:
-                self._loop_episodes = LoopEpisodes(workers=self.workers, session=self.session,
-                                                   events=self.events, cancel=self._token)
-            return self._loop_episodes
+    def run_tags(self) -> list[str]:
+        """Every tag the run's instances carry (``run_tag``, or one per Ray worker)."""
+        return self._dispatch.tags() or [self.run_tag]
 
     # ------------------------------------------------------------------ submitting
 
@@ -262,17 +198,16 @@ class Runner:
 
         The future always resolves to a ``RolloutResult`` (failures are results with
         ``error``). It reports itself running at once and ``future.cancel()`` returns
-        ``False``: an episode in flight is stopped with ``Runner.cancel()``. It is a
-        ``concurrent.futures.Future`` that asyncio and trio code may also ``await``
-        (``submit_async`` is the twin that waits for a slot without blocking a loop).
+        ``False``: an episode in flight is stopped with ``Runner.cancel()``. Asyncio and
+        trio code may ``await`` it (and use ``submit_async``, which waits for a slot
+        without blocking a loop).
 
-        Raises ``ConfigurationError`` for a policy that cannot be used with this executor,
+        Raises ``ConfigurationError`` for a policy that cannot run in this mode,
         ``EpisodeStateError`` after ``cancel()`` or ``close()``.
         """
         job = self._make_job(task, self._prepare_policy(policy), sample)
         if not self._take_slot(blocking=True):
-            raise EpisodeStateError("the runner was cancelled; no new rollouts start",
-                                    hint="create a new Runner", task=job.task.key)
+            raise self._refused(job)
         return self._start(job)
 
     def run(self, tasks: Iterable[Task], policy: PolicyLike, *,
@@ -285,6 +220,27 @@ class Runner:
         Ctrl-C cancels the whole run (see ``cancel()``) and re-raises.
         """
         return self._iterate(*self._plan(tasks, policy, samples_per_task))
+
+    async def submit_async(self, task: Task, policy: PolicyLike, *, sample: int = 0
+                           ) -> AwaitableFuture[RolloutResult]:
+        """`submit` for asyncio / trio code: waits for a free slot without blocking the
+        caller's loop, then returns the rollout's (awaitable) future::
+
+            future = await runner.submit_async(task, policy)
+            result = await future
+        """
+        job = self._make_job(task, self._prepare_policy(policy), sample)
+        if not await self._take_slot_async():
+            raise self._refused(job)
+        return self._start(job)
+
+    def run_async(self, tasks: Iterable[Task], policy: PolicyLike, *,
+                  samples_per_task: int = 1) -> AsyncIterator[RolloutResult]:
+        """`run` for ``async for``: the same rollouts, slots and order, awaited without
+        blocking the caller's loop and without a thread per wait. Leaving the loop early
+        (or cancelling the consuming task) cancels rollouts not yet started;
+        ``cancel_async()`` stops the run."""
+        return self._iterate_async(*self._plan(tasks, policy, samples_per_task))
 
     def _plan(self, tasks: Iterable[Task], policy: PolicyLike, samples_per_task: int
               ) -> tuple[Iterator[RolloutJob], int | None]:
@@ -299,125 +255,33 @@ class Runner:
         pairs = ((task, sample) for task in tasks for sample in range(samples_per_task))
         return (self._make_job(task, prepared, sample) for task, sample in pairs), total
 
-    # ------------------------------------------------------------------ awaitable twins
-
-    async def submit_async(self, task: Task, policy: PolicyLike, *, sample: int = 0
-                           ) -> AwaitableFuture[RolloutResult]:
-        """`submit` for asyncio / trio code: waits for a free slot without blocking the
-        caller's loop, then returns the rollout's (awaitable) future::
-
-            future = await runner.submit_async(task, policy)
-            result = await future
-        """
-        job = self._make_job(task, self._prepare_policy(policy), sample)
-        self._check_open()
-        if not await take_slot_async(self):
-            raise EpisodeStateError("the runner was cancelled; no new rollouts start",
-                                    hint="create a new Runner", task=job.task.key)
-        return self._start(job)
-
-    def run_async(self, tasks: Iterable[Task], policy: PolicyLike, *,
-                  samples_per_task: int = 1) -> AsyncIterator[RolloutResult]:
-        """`run` for ``async for``: the same rollouts, slots and order, awaited without
-        blocking the caller's loop. Leaving the loop early (or cancelling the consuming
-        task) cancels rollouts not yet started; ``cancel_async()`` stops the run."""
-        return iterate_async(self, *self._plan(tasks, policy, samples_per_task))
-
-    async def cancel_async(self) -> None:
-        """`cancel` for async code (its control-plane calls run on the runtime's pool)."""
-        await on_pool(self.cancel)
-
-    async def close_async(self, timeout_s: float | None = None) -> None:
-        """`close` for async code: waits for running rollouts without blocking the
-        caller's loop (on the runtime's pool)."""
-        await on_pool(lambda: self.close(timeout_s))
-
-    async def __aenter__(self) -> Runner:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        if exc_type is not None:
-            await self.cancel_async()
-        await self.close_async()
-
-    def _iterate(self, jobs: Iterator[RolloutJob], total: int | None
-                 ) -> Iterator[RolloutResult]:
-        finished: queue.SimpleQueue[Future[RolloutResult]] = queue.SimpleQueue()
-        outstanding: set[Future[RolloutResult]] = set()
-        progress = self._progress
-        progress.set_total(None if total is None else
-                           progress.done + progress.running + total)
-        exhausted = False
-        try:
-            while True:
-                while not exhausted and not self._cancelled:
-                    if not self._take_slot(blocking=not outstanding):
-                        break
-                    try:
-                        job = next(jobs, None)
-                    except BaseException:
-                        self._slots.release()
-                        raise
-                    if job is None:
-                        self._slots.release()
-                        exhausted = True
-                        break
-                    started = self._start(job)
-                    outstanding.add(started)
-                    started.add_done_callback(finished.put)
-                if not outstanding:
-                    return
-                try:
-                    future = finished.get(timeout=_POLL_S)
-                except queue.Empty:
-                    progress.tick()
-                    continue
-                outstanding.discard(future)
-                yield future.result()
-        except KeyboardInterrupt:
-            self.cancel()
-            raise
-        finally:
-            self._drop_queued(outstanding)
-            progress.close()
-
-    def _drop_queued(self, outstanding: Iterable[Future[RolloutResult]]) -> None:
-        """A run left early (break, or an error in the loop body): its rollouts still
-        queued in the executor are cancelled; the running ones finish (close() waits)."""
-        with self._lock:
-            queued = [self._running.get(f) for f in outstanding]
-        for inner in queued:
-            if inner is not None:
-                inner.cancel()
-
     def _prepare_policy(self, policy: PolicyLike) -> Any:
-        """Validate once per run, not once per rollout: a typo in a spec should fail
-        here, not as 10 000 error results."""
         if isinstance(policy, str):
             policy = parse_policy_spec(policy)
-        if isinstance(policy, PolicySpec):
-            if self._in_process:  # a process pool's workers may import what we cannot
-                policy.build()  # raises ConfigurationError for an unknown kind or bad import
-        elif not callable(getattr(policy, "act", None)) and not callable(policy):
+        if not isinstance(policy, PolicySpec) and not callable(getattr(policy, "act", None)) \
+                and not callable(policy):
             raise ConfigurationError(f"cannot use a {type(policy).__name__} as a policy",
                                      hint="pass a Policy, a PolicySpec, a spec string such "
                                           "as 'reference', or a function of the context")
-        elif is_async_policy(policy) and self.mode in ("threads", "processes"):
-            raise ConfigurationError(
-                f"an async policy cannot run in mode={self.mode!r}",
-                hint="use Runner(mode='asyncio') or the default mode='auto'",
-                field="mode")
-        return policy
+        return self._dispatch.prepare(policy)
 
     def _make_job(self, task: Task | Mapping[str, Any], policy: Any, sample: int
                   ) -> RolloutJob:
         if not isinstance(task, Task):
             task = Task.model_validate(dict(task))
-        job = RolloutJob(task=task, policy=policy, settings=self._settings, sample=sample)
-        if not self._in_process:
-            check_picklable(job)
-        return job
+        return RolloutJob(task=task, policy=policy, settings=self._settings, sample=sample)
+
+    def _refused(self, job: RolloutJob) -> EpisodeStateError:
+        return EpisodeStateError("the runner was cancelled; no new rollouts start",
+                                 hint=f"create a new {type(self).__name__}",
+                                 task=job.task.key)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EpisodeStateError("the runner is closed",
+                                    hint=f"create a new {type(self).__name__}")
+
+    # ------------------------------------------------------------------ slots
 
     def _take_slot(self, *, blocking: bool) -> bool:
         """An in-flight slot; ``False`` when none is free (non-blocking) or cancelled."""
@@ -433,69 +297,69 @@ class Runner:
             return False
         return True
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EpisodeStateError("the runner is closed", hint="create a new Runner")
+    async def _take_slot_async(self) -> bool:
+        """`_take_slot` for a coroutine, woken by the next rollout that finishes."""
+        while True:
+            freed: Future[None] = Future()
+            with self._lock:  # before trying: a slot freed after the try wakes it
+                self._slot_waiters.append(freed)
+            if self._take_slot(blocking=False):
+                break
+            if self._cancelled:
+                return False
+            with anyio.move_on_after(_POLL_S):
+                await runtime.await_future(freed)
+            self._progress.tick()
+        if self._cancelled:
+            self._slots.release()
+            return False
+        return True
+
+    def _free_slot(self) -> None:
+        self._slots.release()
+        with self._lock:  # after the release: a waiter that missed it is woken
+            waiters, self._slot_waiters = self._slot_waiters, []
+        for waiter in waiters:
+            if waiter.set_running_or_notify_cancel():
+                waiter.set_result(None)
+
+    # ------------------------------------------------------------------ one rollout
 
     def _start(self, job: RolloutJob) -> AwaitableFuture[RolloutResult]:
-        """Hand the job to the executor (a slot is held); the returned future resolves
+        """Hand the job to the dispatch (a slot is held); the returned future resolves
         to a result whatever happens to the job."""
         outer: AwaitableFuture[RolloutResult] = AwaitableFuture()
-        # Running from the caller's point of view at once: cancelling one rollout's future
-        # cannot stop an episode in another thread or process, so it must not pretend to.
+        # Running at once: cancelling this future could not stop an episode elsewhere.
         outer.set_running_or_notify_cancel()
-        inner: Future[Any]
-        replay_in: contextvars.Context | None = None
-        # The caller's context (its current trace span, say) goes along with each job:
-        # one copy per job, as a context may be entered once at a time. The job's HTTP
-        # calls are this run's, for `close()` to give up on after a cancel.
+        # The caller's context (its trace span) for the job and its replayed events; the
+        # job's calls are this run's, for `close()` to abandon (`calls_owner`).
         context = contextvars.copy_context()
         context.run(calls_owner.set, self._token)
         try:
-            if self._on_loop(job.policy):
-                inner = context.run(self._loop().start, job)
-            elif self._in_process:
-                inner = self._executor.submit(context.run, run_job, job,
-                                              session=self.session, events=self.events,
-                                              cancel=self._token)
-            else:
-                inner = self._executor.submit(run_job_collecting_events, job)
-                # The worker's events are replayed here later, in a copy of the caller's
-                # context, so a tracing sink hangs them from the caller's current span.
-                replay_in = contextvars.copy_context()
+            inner = context.run(self._dispatch.start, job)
         except Exception as exc:  # a broken or shut-down pool: this rollout fails, not us
-            self._slots.release()
+            self._free_slot()
             self._worker_lost = True
-            error = RolloutWorkerError(f"the executor refused the rollout: "
-                                       f"{type(exc).__name__}: {exc}",
-                                       task=job.task.key, env=job.task.env_spec)
-            outer.set_result(failed_result(job, error))
+            outer.set_result(worker_failed(job, exc, "the rollout could not start"))
             self._progress.finished(failed=True, reward=None)
             return outer
         with self._lock:
             self._running[outer] = inner
         self._progress.started()
-        inner.add_done_callback(lambda f: self._finished(job, f, outer, replay_in))
+        inner.add_done_callback(lambda f: self._finished(job, f, outer, context))
         return outer
 
     def _finished(self, job: RolloutJob, inner: Future[Any], outer: Future[RolloutResult],
-                  replay_in: contextvars.Context | None = None) -> None:
-        """Executor callback (any thread): turn whatever came back into a result."""
+                  context: contextvars.Context) -> None:
+        """The dispatch's callback (any thread): turn whatever came back into a result."""
         try:
-            result = (self._result_of(job, inner) if replay_in is None
-                      else replay_in.run(self._result_of, job, inner))
+            result = context.run(self._result_of, job, inner)
         except Exception as exc:  # never leave the caller's future unresolved
-            result = failed_result(job, RolloutWorkerError(
-                f"could not read the rollout's outcome: {type(exc).__name__}: {exc}",
-                task=job.task.key, env=job.task.env_spec))
+            result = worker_failed(job, exc, "could not read the rollout's outcome")
         finally:
             with self._lock:
                 self._running.pop(outer, None)
-                waiters, self._slot_waiters = self._slot_waiters, []
-            self._slots.release()
-            for waiter in waiters:
-                if waiter.set_running_or_notify_cancel():
-                    waiter.set_result(None)
+            self._free_slot()
         self._progress.finished(failed=result.error is not None, reward=result.reward)
         if self.traces is not None and not _never_started(result):
             self.traces.submit(result)  # never blocks: a bounded queue, counted if full
@@ -503,74 +367,150 @@ class Runner:
 
     def _result_of(self, job: RolloutJob, inner: Future[Any]) -> RolloutResult:
         if inner.cancelled():
-            return failed_result(job, RolloutCancelled("the run was cancelled before this "
-                                                       "rollout started"),
-                                 stop_reason=StopReason.CANCELLED)
+            return cancelled_result(job)
         exc = inner.exception()
         if exc is None:
             value = inner.result()
             if isinstance(value, JobOutcome):
-                self._replay_events(value)
+                for event in value.events:
+                    try:
+                        self.events.emit(event)
+                    except Exception:  # strict accounting raising must not lose the result
+                        logger.exception("re-emitting a worker's %s event failed",
+                                         event.kind)
                 return value.result
             if isinstance(value, RolloutResult):
                 return value
             raise TypeError(f"the worker returned a {type(value).__name__}")
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C reached a worker process
-            return failed_result(job, RolloutCancelled("the worker was interrupted"),
-                                 stop_reason=StopReason.CANCELLED)
+            return cancelled_result(job, "the worker was interrupted")
+        if isinstance(exc, RolloutCancelled):
+            return cancelled_result(job, exc.message)
         self._worker_lost = True
-        return failed_result(job, RolloutWorkerError(
-            f"the rollout's worker failed: {type(exc).__name__}: {exc}",
-            task=job.task.key, env=job.task.env_spec))
+        return worker_failed(job, exc, "the rollout's worker failed")
 
-    def _replay_events(self, outcome: JobOutcome) -> None:
-        for event in outcome.events:
-            try:
-                self.events.emit(event)
-            except Exception:  # strict accounting raising here must not lose the result
-                logger.exception("re-emitting a worker's %s event failed", event.kind)
+    # ------------------------------------------------------------------ iterating
+
+    def _iterate(self, jobs: Iterator[RolloutJob], total: int | None
+                 ) -> Iterator[RolloutResult]:
+        finished: queue.SimpleQueue[Future[RolloutResult]] = queue.SimpleQueue()
+        outstanding: set[Future[RolloutResult]] = set()
+        self._set_total(total)
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and not self._cancelled:
+                    if not self._take_slot(blocking=not outstanding):
+                        break
+                    exhausted = not self._start_next(jobs, outstanding, finished.put)
+                if not outstanding:
+                    return
+                try:
+                    future = finished.get(timeout=_POLL_S)
+                except queue.Empty:
+                    self._progress.tick()
+                    continue
+                outstanding.discard(future)
+                yield future.result()
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+        finally:
+            self._drop_queued(outstanding)
+            self._progress.close()
+
+    async def _iterate_async(self, jobs: Iterator[RolloutJob], total: int | None
+                             ) -> AsyncIterator[RolloutResult]:
+        """`_iterate` for ``async for``: the same slots, order and early-exit rule;
+        waiting is a done-callback that wakes the caller's loop."""
+        outstanding: set[Future[RolloutResult]] = set()
+        finishing = _Finished()
+        self._set_total(total)
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and not self._cancelled:
+                    took = (await self._take_slot_async() if not outstanding
+                            else self._take_slot(blocking=False))
+                    if not took:
+                        break
+                    exhausted = not self._start_next(jobs, outstanding, finishing.add)
+                if not outstanding:
+                    return
+                finished = finishing.take()
+                if not finished:
+                    await finishing.wait(_POLL_S)
+                    self._progress.tick()
+                    continue
+                for future in finished:
+                    outstanding.discard(future)
+                    yield future.result()
+        finally:
+            self._drop_queued(outstanding)
+            self._progress.close()
+
+    def _set_total(self, total: int | None) -> None:
+        progress = self._progress
+        progress.set_total(None if total is None else progress.done + progress.running + total)
+
+    def _start_next(self, jobs: Iterator[RolloutJob], outstanding: set[Future[RolloutResult]],
+                    on_done: Callable[[Future[RolloutResult]], object]) -> bool:
+        """Start the next job of a run (a slot is held: given back if there is none)."""
+        try:
+            job = next(jobs, None)
+        except BaseException:
+            self._slots.release()
+            raise
+        if job is None:
+            self._slots.release()
+            return False
+        started = self._start(job)
+        outstanding.add(started)
+        started.add_done_callback(on_done)
+        return True
+
+    def _drop_queued(self, outstanding: Iterable[Future[RolloutResult]]) -> None:
+        """A run left early (break, or an error in the loop body): its rollouts still
+        queued are cancelled; the running ones finish (close() waits)."""
+        with self._lock:
+            queued = [self._running.get(f) for f in outstanding]
+        for inner in queued:
+            if inner is not None:
+                inner.cancel()
 
     # ------------------------------------------------------------------ stopping
 
     def cancel(self) -> None:
         """Stop the run now (idempotent): close this runner's live envs, cancel queued
-        rollouts, then delete every instance tagged with ``run_tag``."""
+        rollouts, then delete every instance tagged with ``run_tags``."""
         with self._lock:
             if self._cancelled:
                 return
             self._cancelled = True
             running = list(self._running.values())
-        # Queued rollouts first: closing the live envs frees workers, which would
-        # otherwise pick up the queued ones before they are cancelled.
+        # Queued rollouts first, or the workers the closed envs free would start them.
         for future in running:
             future.cancel()
         self._token.cancel()
+        self._dispatch.cancel()
         self._sweep()
 
-    def _sweep(self) -> list[str]:
-        try:
-            swept = self.session.sweep(self.run_tag)
-        except Exception as exc:  # cleanup continues; TTLs reap what a failed sweep left
-            logger.warning("could not sweep instances tagged %s: %s (they expire with their "
-                           "TTL; `fleetenv` can sweep leftovers later)", self.run_tag, exc)
-            return []
+    def _sweep(self, tags: list[str] | None = None) -> None:
+        """Delete every running instance tagged with ``tags`` (default: ``run_tags``)."""
+        swept: list[str] = []
+        for tag in tags or self.run_tags:
+            try:
+                swept += self.session.sweep(tag)
+            except Exception as exc:  # cleanup goes on; TTLs reap what a failed sweep left
+                logger.warning("could not sweep instances tagged %s: %s (they expire with "
+                               "their TTL; `fleetenv` can sweep leftovers later)", tag, exc)
         if swept:
-            logger.info("deleted %d instance(s) tagged %s", len(swept), self.run_tag)
-        return swept
-
-    def _sweep_uncertain_creates(self) -> None:
-        """Leftovers of creates that failed after the server may have made the instance;
-        sends nothing unless such a failure happened under this run's tag."""
-        try:
-            self.session.provisioner.sweep(self.run_tag)
-        except Exception as exc:  # TTLs reap what a failed sweep left
-            logger.warning("could not sweep leftovers tagged %s: %s", self.run_tag, exc)
+            logger.info("deleted %d instance(s) of run %s", len(swept), self.run_tag)
 
     def close(self, timeout_s: float | None = None) -> None:
         """Wait for running rollouts (at most ``timeout_s`` seconds, default: the longest
-        an episode can take under this config), then shut down an executor the runner
-        created, and close a session it created. Rollouts still running after that are
-        cancelled. Idempotent."""
+        an episode can take under this config), cancel what still runs, release the
+        workers, delete what the run left, close a session the runner made. Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -582,9 +522,9 @@ class Runner:
         try:
             _, not_done = concurrent.futures.wait(running, timeout=bound)
         except BaseException:
-            # Ctrl-C or SIGTERM while waiting (the end of a `with Runner()` block): stop
-            # the rollouts now, or interpreter exit would wait for them in the executor.
-            self.cancel()  # closes the live envs and sweeps the run's tag
+            # Ctrl-C or SIGTERM while waiting: stop now, or interpreter exit waits for them.
+            self.cancel()
+            self._dispatch.close(wait=False)
             if self.traces is not None:
                 self.traces.close(timeout_s=0)  # interrupted: stop uploading, count the rest
             raise
@@ -594,37 +534,34 @@ class Runner:
             self.cancel()
             _, not_done = concurrent.futures.wait(not_done, timeout=_CANCEL_GRACE_S)
         if not_done:
-            # Still unwinding after the grace: what holds them is a call that does not
-            # answer (a create, say). Give up this run's calls, or the workers (and
-            # interpreter exit, which joins them) wait for the calls' whole budgets.
+            # Held by calls that do not answer: give them up, or exit waits out their budgets.
             abandon_calls("the run was cancelled", grace_s=0, owner=self._token)
-            if not self._in_process and self._owns_executor and self._made_executor:
-                # Worker processes do not share this process's calls: stop them. Each
-                # deletes the instances it holds on SIGTERM, then exits; the run's tag
-                # is swept below for what they could not.
-                _terminate_workers(self._made_executor)
-                self._worker_lost = True
+            self._dispatch.abandon()
             _, not_done = concurrent.futures.wait(not_done, timeout=_CANCEL_GRACE_S)
-        if self._cancelled or self._worker_lost:
-            # After cancel(): again, for creates that finished during the first sweep.
-            # After a lost worker: the instances it held have nobody left to delete them.
+        self._dispatch.close(wait=not not_done)
+        if self._cancelled or self._worker_lost or not self._dispatch.in_process:
+            # What nobody here deletes: creates late for a cancel, dead or remote workers'.
             self._sweep()
-        elif self._in_process and not not_done:
-            self._sweep_uncertain_creates()
-        elif not not_done:
-            # Worker processes cannot sweep the run's shared tag themselves (a sibling's
-            # instances may be alive); now that every rollout is done, nothing under it
-            # is in use, and what is left is a leftover of an uncertain create.
-            self._sweep()
-        if self._owns_executor and self._made_executor is not None:
-            self._made_executor.shutdown(wait=not not_done, cancel_futures=True)
-        if self._loop_episodes is not None:
-            self._loop_episodes.stop(wait=not not_done)
+        elif not not_done:  # leftovers of uncertain creates, if any happened
+            try:
+                self.session.provisioner.sweep(self.run_tag)
+            except Exception as exc:  # TTLs reap what a failed sweep left
+                logger.warning("could not sweep leftovers tagged %s: %s", self.run_tag, exc)
+        self.session.instances.remove_sweeper(self._sweep)
         if self.traces is not None:  # before the session closes its HTTP client
             self.traces.close()
         if self._owns_session:
             self.session.close()
         self._progress.close()
+
+    async def cancel_async(self) -> None:
+        """`cancel` for async code (its control-plane calls run on the runtime's pool)."""
+        await _on_pool(self.cancel)
+
+    async def close_async(self, timeout_s: float | None = None) -> None:
+        """`close` for async code: waits for running rollouts without blocking the
+        caller's loop (on the runtime's pool)."""
+        await _on_pool(lambda: self.close(timeout_s))
 
     def trace_report(self) -> TraceReport | None:
         """What the trace upload did so far (``None`` without ``traces=``)."""
@@ -644,56 +581,55 @@ class Runner:
             self.cancel()
         self.close()
 
+    async def __aenter__(self) -> Runner:
+        return self
 
-def _terminate_workers(executor: Executor) -> None:
-    """SIGTERM the worker processes of a process pool (``terminate_workers`` on Python
-    3.14+, the pool's processes before)."""
-    terminate = getattr(executor, "terminate_workers", None)
-    if callable(terminate):
-        terminate()
-        return
-    processes: dict[Any, Any] = getattr(executor, "_processes", None) or {}
-    for process in list(processes.values()):
-        with contextlib.suppress(Exception):  # already gone
-            process.terminate()
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is not None:
+            await self.cancel_async()
+        await self.close_async()
 
 
-def _check_mode(mode: object, executor: Executor | None) -> str:
-    """The mode, checked where it is given, and resolved for a given executor."""
-    if not isinstance(mode, str) or mode not in MODES:
-        raise ConfigurationError(f"Runner(mode={mode!r:.40}) is not a known mode",
-                                 hint=f"use one of {', '.join(MODES)}", field="mode")
-    if executor is None:
-        return mode
-    if mode == "asyncio":
-        raise ConfigurationError("mode='asyncio' runs episodes on fleetenv's loop and "
-                                 "takes no executor",
-                                 hint="drop executor=, or use mode='threads' / 'processes'",
-                                 field="mode")
-    if mode == "auto":
-        return "threads" if isinstance(executor, ThreadPoolExecutor) else "processes"
-    return mode
+class _Finished:
+    """Futures as they finish, for one ``async for``: a wake-up future the waiting
+    coroutine awaits, set by the first rollout that finishes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: list[Future[RolloutResult]] = []
+        self._wake: Future[None] | None = None
+
+    def add(self, future: Future[RolloutResult]) -> None:
+        with self._lock:
+            self._done.append(future)
+            wake, self._wake = self._wake, None
+        if wake is not None and wake.set_running_or_notify_cancel():
+            wake.set_result(None)
+
+    def take(self) -> list[Future[RolloutResult]]:
+        with self._lock:
+            done, self._done = self._done, []
+            return done
+
+    async def wait(self, timeout: float) -> None:
+        """Return when a future finished since the last `take`, or after ``timeout``."""
+        with self._lock:
+            if self._done:
+                return
+            wake = self._wake = Future()
+        with anyio.move_on_after(timeout):
+            await runtime.await_future(wake)
+
+
+async def _on_pool(fn: Callable[[], object]) -> None:
+    """Await ``fn()`` run on the runtime's pool. It runs to its end even if the awaiting
+    task is cancelled meanwhile: what it does (closing a runner) must happen."""
+    future = runtime.current().submit_blocking(fn)
+    await runtime.await_future(_Shield(future))
+    future.result()
 
 
 def _never_started(result: RolloutResult) -> bool:
     """A rollout cancelled before it began has nothing to trace."""
     return result.stop_reason is StopReason.CANCELLED and not result.transcript
-
-
-def _worker_config(session: Session, processes: int) -> FleetConfig:
-    """The settings worker processes build their sessions from.
-
-    Each worker process has its own session and caps, so the totals are split among them.
-    In local mode the workers are pointed at this process's embedded Fleet (started here,
-    once); a worker would otherwise start its own.
-    """
-    config = session.config
-    if config.use_local:
-        from fleetenv.fleet.backend import local_fleet
-
-        local = local_fleet()
-        config = config.replace(api_key=local.token, base_url=local.base_url,
-                                use_local=False)
-    return config.replace(
-        max_creating_instances=max(1, config.max_creating_instances // processes),
-        max_live_instances=max(1, config.max_live_instances // processes))

@@ -27,7 +27,8 @@ Lifecycle rules:
   there (`LoopThreadError`) because they would wait for themselves forever.
 * A pool job may wait for the network or a cap, never for a pool job queued behind it:
   with every thread waiting, nothing would run. Runners bound their episodes so that
-  provisioning never waits for a live-instance slot that only a queued delete would free.
+  provisioning never waits for a live-instance slot that only a queued delete would free
+  (see ``fleetenv.rollouts.dispatch.LoopDispatch``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,22 @@
 """Running episode logic from sync code and from asyncio code, written once.
 
 The logic is a generator that *yields* the I/O it needs, so one copy serves both
-drivers and the two cannot drift. An operation is one of two kinds:
+drivers and the two cannot drift. An operation is one of three kinds:
 
-- :class:`Blocking`: a blocking call (fleet-python, ``requests``). The sync driver runs
-  it in the caller's thread; the async driver runs it on the runtime's pool, so the
-  caller's event loop never blocks.
+- :class:`Blocking`: a blocking call (fleet-python, ``requests``, a sync policy). The
+  sync driver runs it in the caller's thread; the async driver runs it on the runtime's
+  pool, so the caller's event loop never blocks.
 - :class:`OnLoop`: a coroutine function for fleetenv's loop thread (MCP), which
   enforces its own deadline there. The sync driver blocks on it; the async driver
   awaits it without a thread.
+- :class:`Await`: a coroutine function awaited where the async driver runs (an async
+  policy, whose client is bound to the caller's loop). The sync driver refuses it.
 
 Exceptions raised by an operation are thrown back into the generator at the ``yield``,
 so the logic reads as ordinary ``try``/``except`` code. Ctrl-C and task cancellation
-are not caught by the drivers: they propagate, and the loop-side work is cancelled by
-the runtime.
+are not caught by the drivers: they are thrown into the plan too, and its cleanup
+(``finally`` blocks) runs on the runtime's pool while the interruption propagates, or
+first, in the caller, with ``finish_here=True``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fleetenv import runtime
-from fleetenv.core.errors import FleetEnvError
+from fleetenv.core.errors import ConfigurationError, FleetEnvError
 
 T = TypeVar("T")
 
@@ -44,59 +47,113 @@ class OnLoop:
     args: tuple[Any, ...] = ()
 
 
-Plan = Generator["Blocking | OnLoop", Any, T]
+@dataclass(frozen=True)
+class Await:
+    fn: Callable[..., Awaitable[Any]]
+    args: tuple[Any, ...] = ()
+    hint: str = "drive the plan from async code"
+    """What the sync driver's refusal tells the caller to do instead."""
 
 
-def run_sync(plan: Plan[T]) -> T:
-    """Drive ``plan`` from the calling thread."""
+Op = Blocking | OnLoop | Await
+Plan = Generator[Op, Any, T]
+
+
+def run_sync(plan: Plan[T], *, finish_here: bool = False) -> T:
+    """Drive ``plan`` from the calling thread (see the module docstring)."""
     value: Any = None
-    error: Exception | None = None
+    error: BaseException | None = None
+    interrupted: BaseException | None = None
     while True:
-        try:
-            op = plan.send(value) if error is None else plan.throw(error)
-        except StopIteration as stop:
-            result: T = stop.value
+        op = _advance(plan, value, error, interrupted)
+        if isinstance(op, _Done):
+            result: T = op.value
             return result
         value, error = None, None
         try:
             value = _run_here(op)
         except Exception as exc:
             error = exc
-        except BaseException as exc:  # Ctrl-C: the plan's cleanup goes on elsewhere
-            _unwind_later(plan, exc)
-            raise
+        except BaseException as exc:  # Ctrl-C
+            if interrupted is not None or not finish_here:
+                _unwind_later(plan, exc)
+                raise
+            interrupted = error = exc
 
 
-def _run_here(op: Blocking | OnLoop) -> Any:
-    """One operation, from the calling thread (which must not be the loop thread)."""
-    if isinstance(op, Blocking):
-        return op.fn(*op.args)
-    return runtime.current().call(op.fn, *op.args)
+async def run_async(plan: Plan[T], *, finish_here: bool = False) -> T:
+    """Drive ``plan`` from a coroutine on any asyncio or trio loop, fleetenv's included."""
+    import anyio
 
-
-async def run_async(plan: Plan[T]) -> T:
-    """Drive ``plan`` from a coroutine on any asyncio or trio loop other than fleetenv's."""
     value: Any = None
-    error: Exception | None = None
+    error: BaseException | None = None
+    interrupted: BaseException | None = None
     while True:
-        try:
-            op = plan.send(value) if error is None else plan.throw(error)
-        except StopIteration as stop:
-            result: T = stop.value
+        op = _advance(plan, value, error, interrupted)
+        if isinstance(op, _Done):
+            result: T = op.value
             return result
         value, error = None, None
         try:
-            if isinstance(op, Blocking):
-                # In the caller's context, as in the sync driver: its trace span, and
-                # whose calls these are (`fleetenv.fleet.deadlines.calls_owner`).
-                value = await runtime.current().run_blocking(op.fn, *op.args)
-            else:
-                value = await runtime.current().call_async(op.fn, *op.args)
+            if interrupted is None:
+                value = await _await(op)
+            else:  # the plan's cleanup, after a cancellation: it runs to its end
+                with anyio.CancelScope(shield=True):
+                    value = await _await(op)
         except Exception as exc:
             error = exc
-        except BaseException as exc:  # cancelled: the plan's cleanup goes on elsewhere
-            _unwind_later(plan, exc)
+        except BaseException as exc:  # cancelled
+            if interrupted is not None or not finish_here:
+                _unwind_later(plan, exc)
+                raise
+            interrupted = error = exc
+
+
+class _Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _advance(plan: Plan[Any], value: Any, error: BaseException | None,
+             interrupted: BaseException | None) -> Op | _Done:
+    """The plan's next operation, or `_Done` with its result. After an interruption the
+    plan ends by re-raising it; whatever else its cleanup raises is logged, and the
+    interruption is raised instead (it is never swallowed)."""
+    try:
+        return plan.send(value) if error is None else plan.throw(error)
+    except StopIteration as stop:
+        if interrupted is not None:
+            raise interrupted from None
+        return _Done(stop.value)
+    except BaseException as exc:
+        if interrupted is None or exc is interrupted:
             raise
+        logger.warning("cleanup after an interruption failed", exc_info=True)
+        raise interrupted from None
+
+
+def _run_here(op: Op) -> Any:
+    """One operation, from the calling thread (which must not be the loop thread)."""
+    if isinstance(op, Blocking):
+        return op.fn(*op.args)
+    if isinstance(op, Await):
+        raise ConfigurationError(f"{_name_of(op.fn)} is a coroutine function, which "
+                                 "blocking code cannot await", hint=op.hint)
+    return runtime.current().call(op.fn, *op.args)
+
+
+async def _await(op: Op) -> Any:
+    if isinstance(op, Blocking):
+        # In the caller's context, as in the sync driver: its trace span, and whose
+        # calls these are (`fleetenv.fleet.deadlines.calls_owner`).
+        return await runtime.current().run_blocking(op.fn, *op.args)
+    if isinstance(op, Await):
+        return await op.fn(*op.args)
+    return await runtime.current().call_async(op.fn, *op.args)
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
 
 
 def _unwind_later(plan: Plan[Any], interruption: BaseException) -> None:
@@ -114,20 +171,15 @@ def _unwind_later(plan: Plan[Any], interruption: BaseException) -> None:
 
 
 def _unwind(plan: Plan[Any], interruption: BaseException) -> None:
-    value: Any = None
-    error: BaseException | None = interruption
-    while True:
-        try:
-            op = plan.send(value) if error is None else plan.throw(error)
-        except StopIteration:
-            return
-        except type(interruption):  # the interruption came back out: cleanup is done
-            return
-        except Exception:
-            logger.warning("cleanup after an interrupted call failed", exc_info=True)
-            return
-        value, error = None, None
-        try:
-            value = _run_here(op)
-        except Exception as exc:
-            error = exc
+    with contextlib.suppress(type(interruption)):  # it comes back out when cleanup is done
+        error: BaseException | None = interruption
+        value: Any = None
+        while True:
+            op = _advance(plan, value, error, interruption)
+            if isinstance(op, _Done):  # unreachable: an interrupted plan ends by raising
+                return
+            value, error = None, None
+            try:
+                value = _run_here(op)
+            except Exception as exc:
+                error = exc

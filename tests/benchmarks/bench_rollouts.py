@@ -1,36 +1,55 @@
-"""Parallel rollouts: fleetenv's Runner (thread pool + one loop thread) vs pure asyncio.
+"""Parallel rollouts, the tool-call phase: fleetenv's Runner vs raw ``mcp`` programs.
 
-The workload, identical for both: N concurrent episodes (default 64), each making M
-sequential calls (default 20) of a cheap read tool of the helpdesk app
+The workload, identical for every side: N concurrent episodes (default 64), each making
+M sequential calls (default 20) of a cheap read tool of the helpdesk app
 (``ticket_stats(group_by="status")``, ~0.3 kB of output), against the local Fleet's MCP
 servers running in a SEPARATE PROCESS (``LocalFleet(in_process=False)``), so the server's
 CPU does not compete with the client's for this process's GIL.
 
-  (a) fleetenv: ``Runner(workers=N).run(...)`` with the default thread executor; the policy
-      is an ordinary synchronous object returning one ``ToolCall`` per turn, so every call
-      goes through ``run_episode`` -> ``FleetEnv.step`` -> the loop thread -> MCP, and its
-      result is rendered into chat messages, as in a real rollout.
-  (b) baseline: a pure asyncio program using ``mcp`` directly: one
+  (a) fleetenv: ``Runner(workers=N, mode=...)`` for each ``--mode``. Thread mode: a
+      synchronous policy returning one ``ToolCall`` per turn, so every call goes
+      ``run_episode`` -> ``FleetEnv.step`` -> the loop thread -> MCP, and its result is
+      rendered into chat messages, as in a real rollout. Asyncio mode: the same policy
+      with ``async def act``, so whole episodes are coroutines on fleetenv's loop.
+  (b) plain raw: a pure asyncio program using ``mcp`` directly: one
       ``streamable_http_client`` + ``ClientSession`` per episode, ``asyncio.gather`` over
-      the episodes. Its instances are provisioned through the control plane with
-      fleet-python.
+      the episodes, ``mcp``'s default HTTP client (a new TCP connection per request, an
+      SSL context per session).
+  (c) expert raw: the same program with the fixes a careful expert would make
+      (``raw_expert.py``: keep-alive as fleetenv does it, one SSL context).
+  The raw programs' instances are provisioned through the control plane with
+  fleet-python.
 
-What is timed: the TOOL-CALL PHASE only, for both. Provisioning, session setup, grading
-and deletion are excluded: (a) holds every episode at a barrier on its first turn (after
+What is timed: the TOOL-CALL PHASE only. Provisioning, session setup, grading and
+deletion are excluded: (a) holds every episode at a barrier on its first turn (after
 reset: instance up, MCP session open, tools listed) and times from the barrier's release
-to the return of the last episode's M-th call; (b) opens every session first and times
-the ``gather``. Throughput = N * M / that time. Rounds alternate the order (ab, ba, ...)
-so machine noise hits both alike; the reported figure is the median over rounds.
+to the return of the last episode's M-th call, and holds every episode at a second
+barrier after its M-th call, so no session is ended, graded or deleted inside the window;
+(b) and (c) open every session first and time the ``gather``. Throughput = N * M / that
+time. The order of the variants rotates from round to round so machine noise hits all
+alike; figures are medians over rounds. Ratio = fleetenv calls/s / raw calls/s in the
+same round (above 1: fleetenv is faster), the median over rounds.
 
-During (a) a sampler records ``threading.active_count()`` (minus the sampler itself) and
-the threads named ``fleetenv-loop`` (must be exactly one).
+Per variant, over the same window (``instruments.Probe``): client CPU per call (this
+process; fleetenv's loop thread and its other threads apart), event-loop iterations per
+call on the loop that does the I/O, wake-ups of that loop per call by another thread (the
+self-pipe byte of ``call_soon_threadsafe``) and by itself (asyncio's finalizer of an
+async generator dropped unfinished writes that byte too), generation-0 garbage
+collections per 1,000 calls, net allocated blocks per call, HTTP requests and new TCP
+connections per call, and the local Fleet server's CPU per call (its process).
 
-    python tests/benchmarks/bench_rollouts.py [--episodes 64] [--calls 20] [--rounds 3]
-        [--profile]
+``--hog N`` runs N busy-loop processes (one per core is "the machine is busy") during
+the measured rounds (not the warm-up) and reports the load they made. ``--episodes``
+takes a comma-separated list (e.g. ``64,256``). During (a) a sampler records the peak
+thread count and the threads named ``fleetenv-loop`` (must be exactly one).
 
-``--profile`` runs one extra (a) round with the loop thread under cProfile and a stack
-sampler, and prints where the time goes. The last line printed is
-one JSON object.
+    python tests/benchmarks/bench_rollouts.py [--episodes 64[,256]] [--calls 20]
+        [--rounds 3] [--mode threads|asyncio|both] [--hog N] [--profile [--profile-dir D]]
+
+``--profile`` then runs one more (a) round per mode at the first size with the loop
+thread under cProfile (thread CPU time) and a stack sampler, the episode threads under
+cProfile too (thread mode), and one round of each raw program under cProfile, and prints
+where the time goes. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -45,27 +64,49 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for instruments, raw_expert
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+from instruments import (
+    LOOP_THREAD_NAME,
+    CpuHog,
+    LoopCounters,
+    Probe,
+    WireCounter,
+    machine,
+    per_call,
+    run_on_fleetenv_loop,
+)
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from raw_expert import expert_http_client
 
-from fleetenv import runtime
-from fleetenv.core.config import FleetConfig, resolve_config
-from fleetenv.core.event_bus import EventBus
-from fleetenv.core.tasks import Task
-from fleetenv.core.types import Done, ToolCall
-from fleetenv.local import LocalFleet
-from fleetenv.rollouts.policy import PolicyContext, Reply
-from fleetenv.rollouts.runner import Runner
+from fleetenv import (
+    Done,
+    EventBus,
+    FleetConfig,
+    LocalFleet,
+    PolicyContext,
+    Reply,
+    Runner,
+    Task,
+    ToolCall,
+    resolve_config,
+)
 
 TOOL = "ticket_stats"
 ARGUMENTS = {"group_by": "status"}
-LOOP_THREAD_NAME = "fleetenv-loop"
-BARRIER_TIMEOUT_S = 120.0
-PHASE_TIMEOUT_S = 300.0
+BARRIER_TIMEOUT_S = 300.0
+PHASE_TIMEOUT_S = 600.0
+MODES = ("threads", "asyncio")
+RAW = ("raw", "raw-expert")
 
 TASK = Task(key="bench-ticket-stats", env_key="helpdesk", data_key="helpdesk-seed",
             data_version="v1", prompt="Count the tickets by status, many times.")
@@ -73,37 +114,109 @@ TASK = Task(key="bench-ticket-stats", env_key="helpdesk", data_key="helpdesk-see
 
 # ----------------------------------------------------------------------------- (a) fleetenv
 
-class BarrierPolicy:
-    """One ``ToolCall`` per turn for ``calls`` turns, then ``Done``.
-
-    Turn 0 waits at a barrier shared by all episodes, so the timed phase starts when
-    every episode is ready (instance provisioned, MCP open) and provisioning, which the
-    runner staggers on purpose (``max_creating_instances``), is not in the number.
-    """
+class _Timed:
+    """The timed window of a fleetenv round: from the start barrier's release (every
+    episode ready: instance provisioned, MCP open) to the last episode's last call
+    returning. Provisioning, which the runner staggers on purpose, is not in the number;
+    nor is teardown: every episode waits at an end barrier after its last call, so no
+    episode ends its session, is graded or deleted inside the window (the raw programs
+    tear down after their ``gather`` too)."""
 
     def __init__(self, episodes: int, calls: int) -> None:
+        self.episodes = episodes
         self.calls = calls
-        self.barrier = threading.Barrier(episodes, action=self._released,
-                                         timeout=BARRIER_TIMEOUT_S)
-        self.started: float | None = None
-        self.ended: list[float] = []
-        self.cpu_s = 0.0
-        self._cpu_started = 0.0
-        self._lock = threading.Lock()
+        self.started: Probe | None = None
+        self.ended: Probe | None = None
+        self.profilers: list[Any] = []  # per episode thread, with profile_threads
+        self.profile_threads = False
+        #: Called as the window opens and closes (in the barrier's last thread: an
+        #: episode thread in thread mode, the loop thread in asyncio mode).
+        self.on_start: Callable[[], None] | None = None
+        self.on_end: Callable[[], None] | None = None
 
-    def _released(self) -> None:
-        self.started = time.perf_counter()
-        self._cpu_started = time.process_time()
+    def _release(self) -> None:
+        if self.on_start is not None:
+            self.on_start()
+        self.started = Probe.take()
+
+    def _end(self) -> None:
+        self.ended = Probe.take()
+        if self.on_end is not None:
+            self.on_end()
+
+    @property
+    def delta(self) -> Probe:
+        assert self.started is not None and self.ended is not None, "round did not finish"
+        return self.ended - self.started
+
+
+class BarrierPolicy(_Timed):
+    """Thread mode: one ``ToolCall`` per turn for ``calls`` turns, then ``Done``; turn 0
+    waits at a barrier shared by all episodes."""
+
+    def __init__(self, episodes: int, calls: int) -> None:
+        super().__init__(episodes, calls)
+        self.start = threading.Barrier(episodes, action=self._release,
+                                       timeout=BARRIER_TIMEOUT_S)
+        self.end = threading.Barrier(episodes, action=self._end, timeout=PHASE_TIMEOUT_S)
+        self._lock = threading.Lock()
 
     def act(self, context: PolicyContext) -> Reply:
         if context.turn == 0:
-            self.barrier.wait()
+            self.start.wait()
+            if self.profile_threads:
+                self._start_thread_profile()
         if context.turn < self.calls:
             return Reply.from_actions([ToolCall(TOOL, dict(ARGUMENTS))])
+        if self.profile_threads:
+            _stop_thread_profile()
+        self.end.wait()
+        return Reply.from_actions([Done()])
+
+    def _start_thread_profile(self) -> None:
+        import cProfile
+
+        profiler = cProfile.Profile(time.thread_time)
+        _thread_profiler.profiler = profiler
         with self._lock:
-            self.ended.append(time.perf_counter())
-            if len(self.ended) == self.barrier.parties:
-                self.cpu_s = time.process_time() - self._cpu_started
+            self.profilers.append(profiler)
+        profiler.enable()
+
+
+_thread_profiler = threading.local()
+
+
+def _stop_thread_profile() -> None:
+    profiler = getattr(_thread_profiler, "profiler", None)
+    if profiler is not None:
+        profiler.disable()
+        _thread_profiler.profiler = None
+
+
+class AsyncBarrierPolicy(_Timed):
+    """Asyncio mode: the same policy as `BarrierPolicy`, as ``async def act``, so it runs
+    on fleetenv's loop with the episodes (one loop: no lock needed)."""
+
+    def __init__(self, episodes: int, calls: int) -> None:
+        super().__init__(episodes, calls)
+        self.arrived = {"start": 0, "end": 0}
+        self.released: dict[str, asyncio.Event] = {}
+
+    async def _barrier(self, name: str, action: Callable[[], None], timeout: float) -> None:
+        released = self.released.setdefault(name, asyncio.Event())  # made on the loop
+        self.arrived[name] += 1
+        if self.arrived[name] == self.episodes:
+            action()
+            released.set()
+        else:
+            await asyncio.wait_for(released.wait(), timeout)
+
+    async def act(self, context: PolicyContext) -> Reply:
+        if context.turn == 0:
+            await self._barrier("start", self._release, BARRIER_TIMEOUT_S)
+        if context.turn < self.calls:
+            return Reply.from_actions([ToolCall(TOOL, dict(ARGUMENTS))])
+        await self._barrier("end", self._end, PHASE_TIMEOUT_S)
         return Reply.from_actions([Done()])
 
 
@@ -136,33 +249,73 @@ class ThreadSampler:
         self._thread.join(timeout=5)
 
 
-def fleetenv_round(runner: Runner, episodes: int, calls: int) -> tuple[float, float]:
-    """One round of (a): (seconds, CPU seconds of this process) of the tool-call phase."""
-    policy = BarrierPolicy(episodes, calls)
+def make_runner(config: FleetConfig, mode: str, episodes: int) -> Runner:
+    return Runner(workers=episodes, mode=mode, config=config, events=EventBus(sinks=[]),
+                  progress=False)
+
+
+def fleetenv_round(runner: Runner, mode: str, episodes: int, calls: int,
+                   *, thread_profilers: list[Any] | None = None,
+                   on_start: Callable[[], None] | None = None,
+                   on_end: Callable[[], None] | None = None,
+                   failures: list[str] | None = None) -> Probe:
+    """One round of (a): the counters' change over the tool-call phase. With
+    ``thread_profilers`` (thread mode), each episode thread's cProfile (over the window)
+    is added to it; ``on_start`` / ``on_end`` run as the window opens and closes. Failed
+    tool calls are added to ``failures`` (the round still counts: every episode made its
+    calls); without it, and for any episode that did not make them all, the run stops."""
+    policy: _Timed = (BarrierPolicy(episodes, calls) if mode == "threads"
+                      else AsyncBarrierPolicy(episodes, calls))
+    policy.profile_threads = thread_profilers is not None
+    policy.on_start, policy.on_end = on_start, on_end
     results = list(runner.run([TASK], policy, samples_per_task=episodes))
-    failed = [r for r in results if r.error or r.tool_calls != calls or r.tool_errors]
+    failed = [r for r in results if r.error or r.tool_calls != calls]
     if failed or len(results) != episodes:
         example = failed[0] if failed else None
-        raise SystemExit(f"fleetenv round failed: {len(failed)} bad of {len(results)}; "
-                         f"e.g. error={example and example.error} "
+        raise SystemExit(f"fleetenv/{mode} round failed: {len(failed)} bad of "
+                         f"{len(results)}; e.g. error={example and example.error} "
                          f"tool_calls={example and example.tool_calls} "
                          f"tool_errors={example and example.tool_error_messages[:1]}")
-    assert policy.started is not None and len(policy.ended) == episodes
-    return max(policy.ended) - policy.started, policy.cpu_s
+    erred = [r for r in results if r.tool_errors]
+    if erred:
+        message = (f"fleetenv/{mode}: {len(erred)} of {episodes} episodes had a failed tool "
+                   f"call, e.g. {erred[0].tool_error_messages[0]}")
+        if failures is None:
+            raise SystemExit(message)
+        failures.append(message)
+        print(message, flush=True)
+    if thread_profilers is not None:
+        thread_profilers.extend(policy.profilers)
+    return policy.delta
 
 
-# ----------------------------------------------------------------------------- (b) asyncio
+# ----------------------------------------------------------------------------- (b), (c) raw
+
+class RoundFailed(Exception):
+    """A raw program's round broke: one of its sessions died (``mcp`` ends a whole session
+    when one of its HTTP requests raises); the message names what killed it."""
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (anyio's task groups wrap what they raise)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
 
 class RawSessions:
-    """N raw mcp sessions on a plain asyncio loop driven from the main thread.
+    """N raw mcp sessions on a plain asyncio loop driven from the main thread; with
+    ``expert``, each through `raw_expert.expert_http_client` (keep-alive, one SSL
+    context), else through ``mcp``'s default client.
 
     Each session is entered and exited by its own owner task (anyio cancel scopes must
     be left by the task that entered them); rounds only await calls on them.
     """
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(self, urls: list[str], *, expert: bool) -> None:
         self.loop = asyncio.new_event_loop()
         self.urls = urls
+        self.expert = expert
         self.sessions: list[ClientSession] = []
         self._stop: asyncio.Event | None = None
         self._owners: list[asyncio.Task[None]] = []
@@ -170,10 +323,12 @@ class RawSessions:
     async def _own(self, url: str, ready: asyncio.Future[ClientSession]) -> None:
         assert self._stop is not None
         try:
-            async with (
-                streamable_http_client(url) as (read, write),
-                ClientSession(read, write) as session,
-            ):
+            async with contextlib.AsyncExitStack() as stack:
+                http = (await stack.enter_async_context(expert_http_client())
+                        if self.expert else None)
+                read, write = await stack.enter_async_context(
+                    streamable_http_client(url, http_client=http))
+                session = await stack.enter_async_context(ClientSession(read, write))
                 await session.initialize()
                 await session.list_tools()
                 ready.set_result(session)
@@ -190,7 +345,7 @@ class RawSessions:
             ready: asyncio.Future[ClientSession] = self.loop.create_future()
             self._owners.append(self.loop.create_task(self._own(url, ready)))
             readies.append(ready)
-        self.sessions = list(await asyncio.wait_for(asyncio.gather(*readies), 120))
+        self.sessions = list(await asyncio.wait_for(asyncio.gather(*readies), 300))
 
     def open(self) -> RawSessions:
         self.loop.run_until_complete(self._open())
@@ -202,22 +357,40 @@ class RawSessions:
             if result.is_error:
                 raise RuntimeError(f"tool error: {result.content}")
 
-    async def _round(self, calls: int) -> tuple[float, float]:
-        started, cpu = time.perf_counter(), time.process_time()
-        await asyncio.wait_for(
-            asyncio.gather(*(self._episode(s, calls) for s in self.sessions)),
-            PHASE_TIMEOUT_S)
-        return time.perf_counter() - started, time.process_time() - cpu
+    async def _round(self, calls: int) -> Probe:
+        started = Probe.take()
+        episodes = [asyncio.ensure_future(self._episode(s, calls)) for s in self.sessions]
+        try:
+            await asyncio.wait_for(asyncio.gather(*episodes), PHASE_TIMEOUT_S)
+        except Exception as exc:
+            for episode in episodes:
+                episode.cancel()
+            await asyncio.gather(*episodes, return_exceptions=True)
+            await asyncio.sleep(0)  # let the owners of dead sessions finish
+            dead = [_leaf(owner.exception()) for owner in self._owners
+                    if owner.done() and not owner.cancelled() and owner.exception()]
+            raise RoundFailed(f"{_leaf(exc)!r}; {len(dead)} of {len(self.sessions)} sessions "
+                              f"died, e.g. of {dead[0]!r}" if dead else repr(exc)) from exc
+        return Probe.take() - started
 
-    def round(self, calls: int) -> tuple[float, float]:
+    def round(self, calls: int) -> Probe:
         return self.loop.run_until_complete(self._round(calls))
 
-    def close(self) -> None:
+    def reopen(self) -> None:
+        """Close every session (the dead ones included) and open them all again."""
+        self._close_sessions()
+        self._owners, self.sessions = [], []
+        self.open()
+
+    def _close_sessions(self) -> None:
         if self._stop is not None:
             self._stop.set()
         if self._owners:
             self.loop.run_until_complete(asyncio.wait_for(
-                asyncio.gather(*self._owners, return_exceptions=True), 60))
+                asyncio.gather(*self._owners, return_exceptions=True), 120))
+
+    def close(self) -> None:
+        self._close_sessions()
         self.loop.close()
 
 
@@ -231,13 +404,120 @@ def raw_instances(fleet: LocalFleet, count: int) -> Iterator[list[str]]:
             futures = [pool.submit(client.make, "helpdesk", data_key="helpdesk-seed:v1")
                        for _ in range(count)]
             for future in futures:
-                envs.append(future.result(timeout=120))
+                envs.append(future.result(timeout=300))
         yield [f"{env.urls.root}mcp" for env in envs]
     finally:
         for env in envs:
             with contextlib.suppress(Exception):
                 env.close()
-        client._httpx_client.close()
+        with contextlib.suppress(Exception):
+            client._httpx_client.close()
+
+
+# ----------------------------------------------------------------------------- one size
+
+def run_size(fleet: LocalFleet, episodes: int, calls: int, modes: list[str],
+             options: argparse.Namespace) -> dict[str, Any]:
+    """Every variant at one size, ``options.rounds`` rotating rounds; the size's report."""
+    config = resolve_config(api_key=fleet.token, base_url=fleet.base_url,
+                            max_live_instances=max(64, episodes),
+                            max_creating_instances=16)
+    calls_total = episodes * calls
+    probes: dict[str, list[Probe]] = collections.defaultdict(list)
+    with contextlib.ExitStack() as stack:
+        urls = stack.enter_context(raw_instances(fleet, episodes))
+        raws = {name: RawSessions(urls, expert=name == "raw-expert") for name in RAW}
+        for raw in raws.values():
+            stack.callback(raw.close)
+            raw.open()
+        runners = {mode: stack.enter_context(make_runner(config, mode, episodes))
+                   for mode in modes}
+        threads = stack.enter_context(ThreadSampler())
+        failures: list[str] = []
+        variants: list[tuple[str, Callable[[int, int], Probe]]] = [
+            (f"fleetenv/{mode}", lambda n, m, mode=mode: fleetenv_round(
+                runners[mode], mode, n, m, failures=failures))
+            for mode in modes]
+        variants += [(name, lambda _n, m, raw=raw: raw.round(m)) for name, raw in raws.items()]
+        for _name, run in variants:  # warm up every path
+            run(min(episodes, 8), 2)
+        def attempt(name: str, run: Callable[[int, int], Probe]) -> Probe:
+            """One round of a variant; a raw program's broken round is run once more on
+            fresh sessions, and the failure reported."""
+            try:
+                return run(episodes, calls)
+            except RoundFailed as exc:
+                failures.append(f"{name}: a round failed and was run again on fresh "
+                                f"sessions: {exc}")
+                print(f"{name}: the round failed ({exc}); its sessions are opened again and "
+                      "the round run once more", flush=True)
+                raws[name].reopen()
+                return run(episodes, calls)
+
+        with CpuHog(options.hog) as hog:
+            for index in range(options.rounds):
+                rotation = index % len(variants)
+                for name, run in variants[rotation:] + variants[:rotation]:
+                    probes[name].append(attempt(name, run))
+                print(f"{episodes} x {calls}, round {index + 1}: " + ", ".join(
+                    f"{name} {calls_total / probes[name][-1].wall:.0f} calls/s"
+                    for name, _ in variants), flush=True)
+    rows = {name: summary(rounds, episodes, calls, on_loop_thread=name.startswith("fleetenv"))
+            for name, rounds in probes.items()}
+    for mode in modes:  # the median of each round's ratio: a slow drift hits a round's pair alike
+        fleet_rounds = probes[f"fleetenv/{mode}"]
+        for raw in RAW:
+            rows[f"fleetenv/{mode}"][f"ratio_vs_{raw.replace('-', '_')}"] = statistics.median(
+                b.wall / a.wall for a, b in zip(fleet_rounds, probes[raw], strict=True))
+    report = {"rows": {name: rounded(row) for name, row in rows.items()}, "load": hog.report,
+              "failures": failures,
+              "peak_threads": threads.peak_threads,
+              "loop_threads": len(threads.loop_threads),
+              "max_loop_threads_at_once": threads.max_loop_threads}
+    print_size(episodes, calls, options, report)
+    return report
+
+
+def summary(rounds: list[Probe], episodes: int, calls: int, *,
+            on_loop_thread: bool) -> dict[str, float]:
+    """Medians over rounds: calls/s and every per-call figure."""
+    per_round = [per_call(delta, episodes * calls, on_loop_thread=on_loop_thread)
+                 for delta in rounds]
+    row = {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}
+    row["calls_per_s"] = episodes * calls / statistics.median(d.wall for d in rounds)
+    return row
+
+
+def rounded(row: dict[str, float]) -> dict[str, float]:
+    return {key: round(value, 3) for key, value in row.items()}
+
+
+def print_size(episodes: int, calls: int, options: argparse.Namespace,
+               report: dict[str, Any]) -> None:
+    rows = report["rows"]
+    print(f"\n{episodes} concurrent episodes x {calls} calls of {TOOL}; tool-call phase only; "
+          f"median of {options.rounds} rotating round(s); load: {report['load']}")
+    print(f"  {'variant':18s} {'calls/s':>8s} {'vs raw':>7s} {'vs expert':>9s} "
+          f"{'CPU ms/call':>11s} {'(loop)':>7s} {'(other)':>7s} {'iter/call':>9s} "
+          f"{'wake/call':>9s} {'(self)':>6s} {'gc0/1k':>7s} {'conn/call':>9s} "
+          f"{'server ms':>9s}")
+    for name, row in rows.items():
+        vs_raw = f"{row['ratio_vs_raw']:.3f}" if "ratio_vs_raw" in row else ""
+        vs_expert = f"{row['ratio_vs_raw_expert']:.3f}" if "ratio_vs_raw_expert" in row else ""
+        loop = f"{row['loop_cpu_ms_per_call']:.2f}" if "loop_cpu_ms_per_call" in row else ""
+        other = (f"{row['other_threads_cpu_ms_per_call']:.2f}"
+                 if "other_threads_cpu_ms_per_call" in row else "")
+        print(f"  {name:18s} {row['calls_per_s']:8.0f} {vs_raw:>7s} {vs_expert:>9s} "
+              f"{row['cpu_ms_per_call']:11.2f} {loop:>7s} {other:>7s} "
+              f"{row['loop_iterations_per_call']:9.2f} "
+              f"{row['cross_thread_wakeups_per_call']:9.2f} "
+              f"{row['own_thread_wakeups_per_call']:6.2f} {row['gc0_per_1000_calls']:7.1f} "
+              f"{row['connections_per_call']:9.3f} {row['server_cpu_ms_per_call']:9.2f}")
+    print(f"  peak threads during the rounds: {report['peak_threads']}; "
+          f"'{LOOP_THREAD_NAME}' threads seen: {report['loop_threads']} "
+          f"(at most {report['max_loop_threads_at_once']} at once)", flush=True)
+    for failure in report["failures"]:
+        print(f"  failure: {failure}", flush=True)
 
 
 # ----------------------------------------------------------------------------- profiling
@@ -250,12 +530,15 @@ class LoopSampler:
         self.interval_s = interval_s
         self.counts: collections.Counter[str] = collections.Counter()
         self.samples = 0
+        self.active = False  # sample only while set
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-profiler", daemon=True)
 
     def _run(self) -> None:
         loop_ids = [t.ident for t in threading.enumerate() if t.name == LOOP_THREAD_NAME]
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval_s):
+            if not self.active:
+                continue
             frames = sys._current_frames()
             for ident in loop_ids:
                 frame = frames.get(ident)
@@ -269,7 +552,6 @@ class LoopSampler:
                     if key not in seen:  # inclusive counts, once per sample
                         self.counts[key] += 1
                         seen.add(key)
-            self._stop.wait(self.interval_s)
 
     def __enter__(self) -> LoopSampler:
         self._thread.start()
@@ -280,7 +562,8 @@ class LoopSampler:
         self._thread.join(timeout=5)
 
     def report(self, top: int = 25) -> str:
-        lines = [f"loop thread: {self.samples} samples (inclusive share of samples)"]
+        lines = [f"loop thread: {self.samples} stack samples (inclusive share of samples, "
+                 "idle in select included)"]
         for key, count in self.counts.most_common(top):
             lines.append(f"  {count / max(self.samples, 1):6.1%}  {key}")
         return "\n".join(lines)
@@ -293,15 +576,73 @@ def _short_path(filename: str) -> str:
     return filename
 
 
-def profile_round(config: FleetConfig, episodes: int, calls: int) -> None:
-    """One more (a) round with the loop thread under cProfile (enabled from inside the
-    loop thread: cProfile profiles the thread that enables it) and the loop sampled, to
-    see where the client's CPU goes. Profiling slows the round; only shares matter."""
-    import cProfile
-    import io
+_PACKAGES = ("fleetenv", "mcp_types", "mcp", "httpx2", "httpcore2", "httpx", "httpcore",
+             "h11", "anyio", "pydantic", "pydantic_core", "fleet", "asyncio", "json", "ssl",
+             "socket", "selectors", "threading", "concurrent")
+
+
+def _package(filename: str) -> str:
+    if filename.startswith(("~", "<")):
+        return "builtins (C)"
+    parts = filename.replace("\\", "/").split("/")
+    for marker in ("site-packages", "fleetenv"):
+        if marker in parts:
+            index = parts.index(marker)
+            name = parts[index + 1] if marker == "site-packages" else "fleetenv"
+            return name.split(".")[0]
+    for package in _PACKAGES:
+        if package in parts or f"{package}.py" in parts:
+            return package
+    return "stdlib/other"
+
+
+def profile_report(profiles: list[Any], calls: int, title: str, top: int = 20,
+                   save_as: Path | None = None) -> dict[str, Any]:
+    """Print where the CPU went (cProfile with a thread-CPU timer): by package (own time)
+    and the top functions by own and by cumulative time; returns ms per tool call by
+    package and the Python function calls per tool call."""
     import pstats
 
-    profiler = cProfile.Profile()
+    stats = pstats.Stats(profiles[0])
+    for more in profiles[1:]:
+        stats.add(more)
+    if save_as is not None:
+        stats.dump_stats(save_as)
+    by_package: dict[str, float] = {}
+    rows = []
+    for (filename, line, name), (_cc, _nc, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        package = _package(filename)
+        by_package[package] = by_package.get(package, 0.0) + tottime
+        rows.append((tottime, cumtime, f"{Path(filename).name}:{line}({name})", package))
+    total = sum(by_package.values()) or 1e-9
+    function_calls = stats.total_calls / calls  # type: ignore[attr-defined]
+    print(f"\n{title}: {total / calls * 1e3:.2f} ms CPU per tool call (profiled), "
+          f"{function_calls:.0f} Python function calls per tool call; by package (own time):")
+    shares = {}
+    for package, seconds in sorted(by_package.items(), key=lambda item: -item[1]):
+        shares[package] = round(seconds / calls * 1e3, 3)
+        if seconds / total >= 0.01:
+            print(f"  {seconds / calls * 1e3:6.3f} ms  {seconds / total:5.1%}  {package}")
+    print("  top functions by own time (ms per tool call):")
+    for tottime, _cum, where, package in sorted(rows, reverse=True)[:top]:
+        print(f"  {tottime / calls * 1e3:6.3f} ms  {package:12s} {where}")
+    print("  top functions by cumulative time (ms per tool call):")
+    for _tot, cumtime, where, package in sorted(rows, key=lambda r: -r[1])[:top]:
+        print(f"  {cumtime / calls * 1e3:6.3f} ms  {package:12s} {where}")
+    return {"ms_per_call_by_package": shares,
+            "python_function_calls_per_call": round(function_calls, 1)}
+
+
+def profile_mode(config: FleetConfig, mode: str, episodes: int, calls: int,
+                 directory: Path | None) -> dict[str, Any]:
+    """One more (a) round with the loop thread under cProfile (enabled from inside the
+    loop thread: cProfile profiles the thread that enables it), its stack sampled, and in
+    thread mode each episode thread under its own cProfile; all over the timed window
+    only (not the sessions' setup and teardown). Profiling slows the round; only shares
+    and counts matter."""
+    import cProfile
+
+    profiler = cProfile.Profile(time.thread_time)
 
     async def enable() -> None:
         profiler.enable()
@@ -309,20 +650,72 @@ def profile_round(config: FleetConfig, episodes: int, calls: int) -> None:
     async def disable() -> None:
         profiler.disable()
 
-    policy = BarrierPolicy(episodes, calls)
-    with Runner(workers=episodes, config=config, events=EventBus(sinks=[]),
-                progress=False) as runner, LoopSampler() as sampler:
-        runtime.current().call(enable)
-        try:
-            list(runner.run([TASK], policy, samples_per_task=episodes))
-        finally:
-            runtime.current().call(disable)
+    def switch(on: bool) -> None:
+        sampler.active = on
+        if mode == "threads":  # the barrier's action runs in an episode thread
+            run_on_fleetenv_loop(enable if on else disable)
+        elif on:  # ... in asyncio mode, on the loop thread itself
+            profiler.enable()
+        else:
+            profiler.disable()
+
+    threads: list[Any] = []
+    with make_runner(config, mode, episodes) as runner:
+        fleetenv_round(runner, mode, min(episodes, 8), 2)  # warm up
+        with LoopSampler() as sampler:
+            delta = fleetenv_round(runner, mode, episodes, calls,
+                                   thread_profilers=threads if mode == "threads" else None,
+                                   on_start=lambda: switch(True), on_end=lambda: switch(False))
+    total = episodes * calls
+    print(f"\n=== fleetenv/{mode}, {episodes} x {calls}, profiled: process CPU "
+          f"{delta.cpu / total * 1e3:.2f} ms per call, loop thread "
+          f"{delta.loop_cpu / total * 1e3:.2f} ms, other threads "
+          f"{(delta.cpu - delta.loop_cpu) / total * 1e3:.2f} ms")
     print(sampler.report())
-    for order in ("tottime", "cumulative"):
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(30)
-        print(f"\nloop thread, cProfile by {order}:")
-        print(text.getvalue()[-6000:])
+    report = {"loop": profile_report([profiler], total, f"fleetenv/{mode} loop thread",
+                                     save_as=_pstats(directory, f"fleetenv-{mode}-loop"))}
+    if threads:
+        report["episode_threads"] = profile_report(
+            threads, total, f"fleetenv/{mode} episode threads (all {len(threads)})",
+            save_as=_pstats(directory, f"fleetenv-{mode}-episode-threads"))
+    return report
+
+
+def _pstats(directory: Path | None, name: str) -> Path | None:
+    return directory / f"{name}.pstats" if directory is not None else None
+
+
+def profile_raw(raw: RawSessions, name: str, episodes: int, calls: int,
+                directory: Path | None) -> dict[str, Any]:
+    import cProfile
+
+    profiler = cProfile.Profile(time.thread_time)
+    profiler.enable()
+    try:
+        raw.round(calls)
+    finally:
+        profiler.disable()
+    return profile_report([profiler], episodes * calls, f"{name} (its only thread)",
+                          save_as=_pstats(directory, name))
+
+
+def run_profiles(fleet: LocalFleet, episodes: int, calls: int, modes: list[str],
+                 directory: Path | None) -> dict[str, Any]:
+    config = resolve_config(api_key=fleet.token, base_url=fleet.base_url,
+                            max_live_instances=max(64, episodes), max_creating_instances=16)
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+    report = {f"fleetenv/{mode}": profile_mode(config, mode, episodes, calls, directory)
+              for mode in modes}
+    with raw_instances(fleet, episodes) as urls:
+        for name, expert in (("raw", False), ("raw-expert", True)):
+            raw = RawSessions(urls, expert=expert).open()
+            try:
+                raw.round(2)  # warm up
+                report[name] = profile_raw(raw, name, episodes, calls, directory)
+            finally:
+                raw.close()
+    return report
 
 
 # ----------------------------------------------------------------------------- main
@@ -330,70 +723,39 @@ def profile_round(config: FleetConfig, episodes: int, calls: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--episodes", default="64",
+                        help="concurrent episodes; a comma-separated list runs each size")
     parser.add_argument("--calls", type=int, default=20, help="tool calls per episode")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--mode", choices=[*MODES, "both"], default="threads",
+                        help="the Runner mode(s) to measure")
+    parser.add_argument("--hog", type=int, default=0, metavar="N",
+                        help="N busy-loop processes during the measured rounds "
+                             "(one per core: a busy machine)")
+    parser.add_argument("--profile", action="store_true",
+                        help="then profile one round of each variant at the first size "
+                             "(--rounds 0: only that)")
+    parser.add_argument("--profile-dir", type=Path, metavar="DIR",
+                        help="with --profile: also save each profile there (.pstats)")
     options = parser.parse_args()
-    n, m = options.episodes, options.calls
+    sizes = [int(size) for size in options.episodes.split(",") if size.strip()]
+    modes = list(MODES) if options.mode == "both" else [options.mode]
+    calls = options.calls
 
-    fleetenv_s: list[float] = []
-    asyncio_s: list[float] = []
-    fleetenv_cpu: list[float] = []
-    asyncio_cpu: list[float] = []
-    with LocalFleet(in_process=False, instance_limit=4 * n + 16) as fleet:
-        config = resolve_config(api_key=fleet.token, base_url=fleet.base_url,
-                                max_live_instances=max(64, n),
-                                max_creating_instances=16)
-        with raw_instances(fleet, n) as urls:
-            raw = RawSessions(urls).open()
-            try:
-                with (
-                    Runner(workers=n, config=config, events=EventBus(sinks=[]),
-                           progress=False) as runner,
-                    ThreadSampler() as threads,
-                ):
-                    fleetenv_round(runner, min(n, 8), 2)  # warm up both paths
-                    raw.round(2)
-                    for index in range(options.rounds):
-                        order = ("a", "b") if index % 2 == 0 else ("b", "a")
-                        for variant in order:
-                            seconds, cpu = (fleetenv_round(runner, n, m) if variant == "a"
-                                            else raw.round(m))
-                            (fleetenv_s if variant == "a" else asyncio_s).append(seconds)
-                            (fleetenv_cpu if variant == "a" else asyncio_cpu).append(cpu)
-                        print(f"round {index + 1}: fleetenv {n * m / fleetenv_s[-1]:.0f} "
-                              f"calls/s ({fleetenv_cpu[-1] / (n * m) * 1e3:.2f} ms CPU/call), "
-                              f"asyncio {n * m / asyncio_s[-1]:.0f} calls/s "
-                              f"({asyncio_cpu[-1] / (n * m) * 1e3:.2f} ms CPU/call)",
-                              flush=True)
-            finally:
-                raw.close()
+    LoopCounters.install()
+    WireCounter.install()
+    report: dict[str, Any] = {"machine": machine(), "calls": calls, "rounds": options.rounds,
+                              "modes": modes, "hog": options.hog, "sizes": {}}
+    print(f"machine: {report['machine']}", flush=True)
+    with LocalFleet(in_process=False, instance_limit=4 * max(sizes) + 16) as fleet:
+        for episodes in sizes if options.rounds > 0 else []:
+            report["sizes"][str(episodes)] = run_size(fleet, episodes, calls, modes, options)
         if options.profile:
-            profile_round(config, n, m)
-    runtime.shutdown()
-
-    fleet_rate = n * m / statistics.median(fleetenv_s)
-    raw_rate = n * m / statistics.median(asyncio_s)
-    print(f"\nworkload: {n} concurrent episodes x {m} calls of {TOOL}; tool-call phase only; "
-          f"median of {options.rounds} interleaved rounds")
-    print(f"(a) fleetenv Runner (threads={n}):  {fleet_rate:8.0f} calls/s")
-    print(f"(b) asyncio + mcp (gather):      {raw_rate:8.0f} calls/s")
-    print(f"ratio (a)/(b): {fleet_rate / raw_rate:.3f}")
-    print(f"client CPU per call in this process (median): fleetenv "
-          f"{statistics.median(fleetenv_cpu) / (n * m) * 1e3:.2f} ms, asyncio "
-          f"{statistics.median(asyncio_cpu) / (n * m) * 1e3:.2f} ms")
-    print(f"peak threads in this process during (a): {threads.peak_threads}; "
-          f"'{LOOP_THREAD_NAME}' threads seen: {len(threads.loop_threads)} "
-          f"(at most {threads.max_loop_threads} at once)")
-    print(json.dumps({
-        "fleetenv_calls_per_s": round(fleet_rate, 1),
-        "asyncio_calls_per_s": round(raw_rate, 1),
-        "ratio": round(fleet_rate / raw_rate, 3),
-        "peak_threads": threads.peak_threads,
-        "loop_threads": len(threads.loop_threads),
-        "episodes": n,
-    }))
+            report["profile"] = run_profiles(fleet, sizes[0], calls, modes, options.profile_dir)
+    if report["sizes"]:  # the first size and mode, against plain raw
+        report["ratio"] = report["sizes"][str(sizes[0])]["rows"][f"fleetenv/{modes[0]}"][
+            "ratio_vs_raw"]
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -13,15 +13,21 @@ the server's CPU does not compete with the client's for this process's GIL.
   * asyncio: fleet-python's ASYNC client to create and delete the instance, a raw
     ``mcp`` ``streamable_http_client`` + ``ClientSession`` for the tools, and
     ``asyncio.gather`` over the episodes. Creation is capped at the same number in
-    flight as fleetenv's ``max_creating_instances`` (``--creating``).
+    flight as fleetenv's ``max_creating_instances`` (``--creating``). ``mcp``'s default
+    HTTP client: a new TCP connection per request, an SSL context per session.
+  * asyncio-expert: the same program with the fixes a careful expert would make
+    (``raw_expert.py``: keep-alive as fleetenv does it, one SSL context), so that
+    fleetenv's lead is not the baseline's handicap.
 
-Per size the variants run interleaved (the order rotates from size to size), and for each
-the script prints: wall time and the ratio asyncio time / fleetenv time (> 1: fleetenv is
-faster), client CPU per tool call (this process's CPU over the whole phase divided by the
-tool calls; for fleetenv also the loop thread's share), HTTP requests and TCP connections
-per episode (counted at the HTTP transports both sides use: httpcore2 for MCP, httpcore
-for fleet-python, urllib3 for fleetenv's manager API), peak threads, peak RSS growth per
-episode, and failed episodes.
+Per size the variants run interleaved (the order rotates from batch to batch;
+``--rounds`` batches each, medians reported), and for each the script prints: wall time
+and the ratios asyncio time / fleetenv time against both programs (> 1: fleetenv is
+faster; the median of each round's ratio), client CPU per tool call (this process's CPU
+over the whole phase divided by the tool calls; for fleetenv also the loop thread's
+share), the local Fleet's CPU per tool call (its child process, over the whole
+episodes), HTTP requests and TCP connections per episode (counted at the HTTP transports
+every side uses: httpcore2 for MCP, httpcore for fleet-python, urllib3 for fleetenv's
+manager API), peak threads, peak RSS growth per episode, and failed episodes.
 
 ``--open-only N`` measures holding N episodes open instead (reset done, MCP session open,
 nothing called): fleetenv envs of one ``Session`` opened with ``reset_async`` on one
@@ -33,6 +39,7 @@ adds the traced Python heap), file descriptors and threads, per episode and in a
 run as root, else a note says which limit stops the run.
 
     python tests/benchmarks/bench_scale.py [--sizes 1,16,64,256,1024] [--calls 12]
+        [--rounds 1]
     python tests/benchmarks/bench_scale.py --open-only 2000
     python tests/benchmarks/bench_scale.py --profile 16
 
@@ -53,6 +60,7 @@ import inspect
 import json
 import os
 import resource
+import statistics
 import sys
 import threading
 import time
@@ -60,99 +68,52 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for bench_rollouts
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for bench_rollouts, instruments
 
 import fleet
 from bench_rollouts import ThreadSampler
+from instruments import (
+    WireCounter,
+    children_cpu_s,
+    loop_thread_cpu_s,
+    machine,
+    run_on_fleetenv_loop,
+)
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from raw_expert import expert_http_client
 
 import fleetenv
-from fleetenv import runtime
-from fleetenv.core.config import FleetConfig, resolve_config
-from fleetenv.core.event_bus import EventBus
-from fleetenv.core.tasks import Task
-from fleetenv.core.types import Done, ToolCall
-from fleetenv.env.fleet_env import FleetEnv
-from fleetenv.fleet.session import Session
-from fleetenv.local import LocalFleet
-from fleetenv.rollouts.policy import PolicyContext, Reply
-from fleetenv.rollouts.runner import Runner
+from fleetenv import (
+    Done,
+    EventBus,
+    FleetConfig,
+    FleetEnv,
+    LocalFleet,
+    PolicyContext,
+    Reply,
+    Runner,
+    Session,
+    Task,
+    ToolCall,
+    resolve_config,
+)
 
 TOOL = "ticket_stats"
 ARGUMENTS = {"group_by": "status"}
 ENV_KEY = "helpdesk"
 DATA_KEY = "helpdesk-seed:v1"
-LOOP_THREAD_NAME = "fleetenv-loop"
 PHASE_TIMEOUT_S = 1800.0
+
+#: The raw asyncio programs: (name, expert). The expert one keeps connections alive and
+#: shares one SSL context (raw_expert.py).
+RAW = (("asyncio", False), ("asyncio-expert", True))
 
 TASK = Task(key="bench-scale", env_key="helpdesk", data_key="helpdesk-seed",
             data_version="v1", prompt="Count the tickets by status, many times.")
 
 
 # ----------------------------------------------------------------------------- counting
-
-class WireCounter:
-    """Counts HTTP requests and new TCP connections at the transports both sides use.
-
-    Patched once for the whole process (a benchmark only): httpcore2 (httpx2, which
-    ``mcp`` and fleetenv's MCP use), httpcore (httpx, fleet-python's clients) and urllib3
-    (``requests``, fleetenv's manager API). Phases run one after another, so a phase's
-    counts are the difference of two snapshots.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests = 0
-        self.connections = 0
-
-    def snapshot(self) -> tuple[int, int]:
-        with self._lock:
-            return self.requests, self.connections
-
-    def _bump(self, requests: int = 0, connections: int = 0) -> None:
-        with self._lock:
-            self.requests += requests
-            self.connections += connections
-
-    def install(self) -> WireCounter:
-        import httpcore
-        import httpcore2
-        import urllib3.connection
-        from httpcore._backends.anyio import AnyIOBackend as AnyIO1
-        from httpcore._backends.sync import SyncBackend
-        from httpcore2._backends.anyio import AnyIOBackend as AnyIO2
-
-        counter = self
-
-        def wrap_async(cls: Any, name: str, kind: str) -> None:
-            original = getattr(cls, name)
-
-            async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-                counter._bump(**{kind: 1})
-                return await original(self, *args, **kwargs)
-
-            setattr(cls, name, counted)
-
-        def wrap_sync(cls: Any, name: str, kind: str) -> None:
-            original = getattr(cls, name)
-
-            def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-                counter._bump(**{kind: 1})
-                return original(self, *args, **kwargs)
-
-            setattr(cls, name, counted)
-
-        wrap_async(httpcore2.AsyncConnectionPool, "handle_async_request", "requests")
-        wrap_async(httpcore.AsyncConnectionPool, "handle_async_request", "requests")
-        wrap_sync(httpcore.ConnectionPool, "handle_request", "requests")
-        wrap_sync(urllib3.connectionpool.HTTPConnectionPool, "urlopen", "requests")
-        wrap_async(AnyIO2, "connect_tcp", "connections")
-        wrap_async(AnyIO1, "connect_tcp", "connections")
-        wrap_sync(SyncBackend, "connect_tcp", "connections")
-        wrap_sync(urllib3.connection.HTTPConnection, "_new_conn", "connections")
-        return self
-
 
 class Sampler(ThreadSampler):
     """``ThreadSampler`` (peak threads) that also records the peak RSS."""
@@ -176,15 +137,6 @@ def rss_bytes() -> int:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-def loop_thread_cpu_s() -> float:
-    """CPU seconds of fleetenv's loop thread so far (0 when it is not running)."""
-    for thread in threading.enumerate():
-        if thread.name == LOOP_THREAD_NAME and thread.ident is not None:
-            with contextlib.suppress(OSError):
-                return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-    return 0.0
 
 
 def raise_fd_limit() -> int:
@@ -241,14 +193,17 @@ def fleetenv_phase(config: FleetConfig, mode: str, episodes: int, calls: int) ->
 
 # ----------------------------------------------------------------------------- asyncio
 
-async def raw_episode(client: Any, creating: asyncio.Semaphore, calls: int) -> None:
+async def raw_episode(client: Any, creating: asyncio.Semaphore, calls: int,
+                      expert: bool) -> None:
     async with creating:
         env = await client.make(ENV_KEY, data_key=DATA_KEY)
     try:
-        async with (
-            streamable_http_client(f"{env.urls.root}mcp") as (read, write),
-            ClientSession(read, write) as session,
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            # expert: keep-alive and one SSL context (raw_expert.py); else mcp's default
+            http = await stack.enter_async_context(expert_http_client()) if expert else None
+            read, write = await stack.enter_async_context(
+                streamable_http_client(f"{env.urls.root}mcp", http_client=http))
+            session = await stack.enter_async_context(ClientSession(read, write))
             await session.initialize()
             await session.list_tools()
             for _ in range(calls):
@@ -260,24 +215,25 @@ async def raw_episode(client: Any, creating: asyncio.Semaphore, calls: int) -> N
 
 
 async def raw_batch(fleet_url: str, token: str, episodes: int, calls: int,
-                    creating: int) -> int:
+                    creating: int, expert: bool) -> int:
     client = fleet.AsyncFleet(api_key=token, base_url=fleet_url, max_retries=0, timeout=120.0)
     limit = asyncio.Semaphore(creating)
     outcomes = await asyncio.wait_for(
-        asyncio.gather(*(raw_episode(client, limit, calls) for _ in range(episodes)),
+        asyncio.gather(*(raw_episode(client, limit, calls, expert) for _ in range(episodes)),
                        return_exceptions=True), PHASE_TIMEOUT_S)
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     if failed:
-        print(f"  asyncio: {len(failed)} failed, e.g. {failed[0]!r}", flush=True)
+        print(f"  asyncio{'-expert' if expert else ''}: {len(failed)} failed, "
+              f"e.g. {failed[0]!r}", flush=True)
     with contextlib.suppress(Exception):
         await client.client.httpx_client.aclose()
     return len(failed)
 
 
 def asyncio_phase(fleet_url: str, token: str, episodes: int, calls: int,
-                  creating: int) -> dict[str, Any]:
+                  creating: int, expert: bool = False) -> dict[str, Any]:
     started, cpu = time.perf_counter(), time.process_time()
-    failed = asyncio.run(raw_batch(fleet_url, token, episodes, calls, creating))
+    failed = asyncio.run(raw_batch(fleet_url, token, episodes, calls, creating, expert))
     return {"seconds": time.perf_counter() - started, "cpu_s": time.process_time() - cpu,
             "failed": failed}
 
@@ -288,11 +244,12 @@ def measured(counter: WireCounter, episodes: int, calls: int,
              run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     gc.collect()
     requests0, connections0 = counter.snapshot()
-    rss0 = rss_bytes()
+    rss0, server0 = rss_bytes(), children_cpu_s()
     with Sampler() as sampler:
         row = run()
     requests1, connections1 = counter.snapshot()
     row.update(
+        server_cpu_ms_per_call=(children_cpu_s() - server0) / (episodes * calls) * 1e3,
         requests_per_episode=(requests1 - requests0) / episodes,
         connections_per_episode=(connections1 - connections0) / episodes,
         cpu_ms_per_call=row["cpu_s"] / (episodes * calls) * 1e3,
@@ -308,7 +265,7 @@ def run_sizes(options: argparse.Namespace, counter: WireCounter) -> dict[str, An
     sizes = [int(size) for size in options.sizes.split(",") if size.strip()]
     modes = runner_modes()
     largest = max(sizes)
-    report: dict[str, Any] = {"calls": options.calls, "sizes": {}}
+    report: dict[str, Any] = {"calls": options.calls, "rounds": options.rounds, "sizes": {}}
     with LocalFleet(in_process=False, instance_limit=2 * largest + 16) as local:
         config = resolve_config(api_key=local.token, base_url=local.base_url,
                                 max_live_instances=max(64, largest),
@@ -317,38 +274,58 @@ def run_sizes(options: argparse.Namespace, counter: WireCounter) -> dict[str, An
             (f"fleetenv/{mode}",
              lambda n, mode=mode: fleetenv_phase(config, mode, n, options.calls))
             for mode in modes]
-        variants.append(("asyncio", lambda n: asyncio_phase(
-            local.base_url, local.token, n, options.calls, options.creating)))
+        for name, expert in RAW:
+            variants.append((name, lambda n, expert=expert: asyncio_phase(
+                local.base_url, local.token, n, options.calls, options.creating, expert)))
         # warm up every path (imports, SSL context, the Fleet child's apps)
         for _name, run in variants:
             run(2)
-        for index, size in enumerate(sizes):
-            rotation = index % len(variants)
-            order = variants[rotation:] + variants[:rotation]
-            rows: dict[str, dict[str, Any]] = {}
-            for name, run in order:
-                rows[name] = measured(counter, size, options.calls,
-                                      lambda run=run, size=size: run(size))
-            print_size(size, options.calls, rows)
+        turn = 0
+        for size in sizes:
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
+            for _ in range(options.rounds):
+                rotation = turn % len(variants)
+                turn += 1
+                for name, run in variants[rotation:] + variants[:rotation]:
+                    runs[name].append(measured(counter, size, options.calls,
+                                               lambda run=run, size=size: run(size)))
+            rows = {name: median_row(rounds) for name, rounds in runs.items()}
+            for name, row in rows.items():  # the median of each round's ratio
+                if name.startswith("fleetenv"):
+                    for raw, _ in RAW:
+                        row[f"ratio_vs_{raw.replace('-', '_')}"] = statistics.median(
+                            b["seconds"] / a["seconds"]
+                            for a, b in zip(runs[name], runs[raw], strict=True))
+                    row["ratio"] = row["ratio_vs_asyncio"]
+            print_size(size, options.calls, options.rounds, rows)
             report["sizes"][str(size)] = {name: rounded(row) for name, row in rows.items()}
     return report
 
 
-def print_size(size: int, calls: int, rows: dict[str, dict[str, Any]]) -> None:
-    raw = rows["asyncio"]
-    print(f"\n{size} concurrent episodes x {calls} calls (whole episodes):", flush=True)
+def median_row(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of every figure over rounds (of a count: the lower median, a count
+    still; failures are summed)."""
+    row = {key: (statistics.median_low if isinstance(value, int) else statistics.median)(
+        r[key] for r in rounds) for key, value in rounds[0].items()}
+    row["failed"] = sum(r["failed"] for r in rounds)
+    return row
+
+
+def print_size(size: int, calls: int, rounds: int, rows: dict[str, dict[str, Any]]) -> None:
+    print(f"\n{size} concurrent episodes x {calls} calls (whole episodes; median of "
+          f"{rounds} round{'s' if rounds > 1 else ''}):", flush=True)
     for name, row in rows.items():
-        ratio = "" if name == "asyncio" else f"  ratio {raw['seconds'] / row['seconds']:.2f}"
+        ratio = (f"  ratio {row['ratio_vs_asyncio']:.2f}, vs expert "
+                 f"{row['ratio_vs_asyncio_expert']:.2f}" if "ratio" in row else "")
         loop = (f" (loop thread {row['loop_cpu_ms_per_call']:.2f})"
                 if "loop_cpu_ms_per_call" in row else "")
         print(f"  {name:17s} {row['seconds']:7.2f} s{ratio}  CPU/call "
-              f"{row['cpu_ms_per_call']:.2f} ms{loop}  HTTP req/ep "
+              f"{row['cpu_ms_per_call']:.2f} ms{loop}  server CPU/call "
+              f"{row['server_cpu_ms_per_call']:.2f} ms  HTTP req/ep "
               f"{row['requests_per_episode']:.1f}  conns/ep "
               f"{row['connections_per_episode']:.2f}  peak threads {row['peak_threads']}  "
               f"peak RSS/ep {row['peak_rss_mb_per_episode']:.2f} MB  failed {row['failed']}",
               flush=True)
-        if name != "asyncio":
-            row["ratio"] = raw["seconds"] / row["seconds"]
 
 
 def rounded(row: dict[str, Any]) -> dict[str, Any]:
@@ -647,11 +624,11 @@ def run_profile(options: argparse.Namespace) -> dict[str, Any]:
         async def disable() -> None:
             profiler.disable()
 
-        runtime.current().call(enable)
+        run_on_fleetenv_loop(enable)
         try:
             row = fleetenv_phase(config, mode, size, calls)
         finally:
-            runtime.current().call(disable)
+            run_on_fleetenv_loop(disable)
         total_calls = size * calls
         print(f"\nfleetenv/{mode}: process CPU {row['cpu_s'] / total_calls * 1e3:.2f} ms per "
               f"tool call, of which the loop thread "
@@ -676,6 +653,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,16,64,256,1024",
                         help="concurrent episodes, comma-separated")
     parser.add_argument("--calls", type=int, default=12, help="tool calls per episode")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="batches per size and variant (the figures are medians)")
     parser.add_argument("--creating", type=int, default=16,
                         help="instance creations in flight at once (both sides)")
     parser.add_argument("--open-only", type=int, default=0, metavar="N",
@@ -692,16 +671,14 @@ def main() -> None:
     fd_limit = raise_fd_limit()
     print(f"fleetenv from {Path(fleetenv.__file__).parent}; fd limit {fd_limit}; "
           f"{os.cpu_count()} CPUs", flush=True)
-    counter = WireCounter().install()
-    try:
-        if options.open_only:
-            report = run_open_only(options)
-        elif options.profile:
-            report = run_profile(options)
-        else:
-            report = run_sizes(options, counter)
-    finally:
-        runtime.shutdown()
+    counter = WireCounter.install()
+    if options.open_only:
+        report = run_open_only(options)
+    elif options.profile:
+        report = run_profile(options)
+    else:
+        report = run_sizes(options, counter)
+    report["machine"] = machine()
     print(json.dumps(report))
 
 
