@@ -309,13 +309,14 @@ def test_a_session_at_rest_keeps_only_its_stream_connection(
     pooled connection is closed (before, it stayed open until the next request found it
     expired): a session at rest holds one connection, its GET stream. The next call
     opens a new one."""
-    monkeypatch.setattr(keepalive, "IDLE_S", 0.3)
+    monkeypatch.setattr(keepalive, "IDLE_S", 1.0)
     with (ServerThread(wrap_app(build_full_server(), None)) as server,
           MCPConnection(server.url, call_timeout_s=10) as connection):
         port = int(urlsplit(server.url).port or 0)
         connection.open()
         assert connection.call_tool("echo", {"text": "a"}).texts == ["a"]
-        assert _established_to(port) == 2  # the GET stream and the pooled connection
+        # the GET stream and the pooled ones (two when a setup POST overlapped another's drain)
+        assert _established_to(port) >= 2
         # within the test server's own keep-alive timeout (5 s), which would close it too
         wait_for(lambda: _established_to(port) == 1, timeout=3,
                  what="the idle pooled connection to be closed")
