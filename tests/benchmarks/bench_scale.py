@@ -335,10 +335,11 @@ def rounded(row: dict[str, Any]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- open only
 
-#: File descriptors an open episode may need in either process (this one, and the Fleet
-#: child, which inherits this process's limits): the session's GET stream and, for the
-#: keep-alive expiry after its last request, a pooled connection.
-FDS_PER_OPEN_EPISODE = 2
+#: File descriptors an open episode at rest holds in either process (this one, and the
+#: Fleet child, which inherits this process's limits): its session's GET stream. The
+#: spare covers the episodes opening and the pooled connections within their keep-alive
+#: expiry (a few seconds' worth of episodes), and the process's own files.
+FDS_PER_OPEN_EPISODE = 1
 FDS_SPARE = 1024
 
 
@@ -362,7 +363,7 @@ def raise_fd_limit_for(episodes: int) -> tuple[int, str | None]:
         return soft, None
     which = "fs.nr_open" if hard >= nr_open() else f"the hard limit{refused}"
     return soft, (f"RLIMIT_NOFILE {soft} (hard {hard}) may be short of the {need} file "
-                  f"descriptors {episodes} open episodes can need (up to "
+                  f"descriptors {episodes} open episodes can need (about "
                   f"{FDS_PER_OPEN_EPISODE} each, in this process and in the Fleet child): "
                   f"{which}; a run it stops fails with 'Too many open files'")
 
