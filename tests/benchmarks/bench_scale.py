@@ -34,7 +34,8 @@ nothing called): fleetenv envs of one ``Session`` opened with ``reset_async`` on
 asyncio loop (``--opening`` at once) against
 raw sessions opened the same way (``--skip-asyncio``: fleetenv only), reporting the time
 to open them all, memory per open episode (RSS after a ``gc.collect``; ``--tracemalloc``
-adds the traced Python heap), file descriptors and threads, per episode and in all. The
+adds the traced Python heap), file descriptors and threads, per episode and in all
+(``--gc-freeze``: the heap is frozen every 100 opened episodes, see docs/performance.md). The
 ``RLIMIT_NOFILE`` is raised first (the Fleet child inherits it): the hard limit too when
 run as root, else a note says which limit stops the run.
 
@@ -341,6 +342,8 @@ def rounded(row: dict[str, Any]) -> dict[str, Any]:
 #: expiry (a few seconds' worth of episodes), and the process's own files.
 FDS_PER_OPEN_EPISODE = 1
 FDS_SPARE = 1024
+#: With --gc-freeze, the heap is frozen each time this many more episodes are open.
+FREEZE_EVERY = 100
 
 
 def raise_fd_limit_for(episodes: int) -> tuple[int, str | None]:
@@ -471,7 +474,7 @@ def run_open_only(options: argparse.Namespace) -> dict[str, Any]:
     if fd_short:
         print(f"note: {fd_short}", flush=True)
     report: dict[str, Any] = {"open_only": count, "fd_limit": fd_limit,
-                              "fd_limit_short": fd_short}
+                              "fd_limit_short": fd_short, "gc_freeze": options.gc_freeze}
     every = max(500, count // 10)
     with LocalFleet(in_process=False, instance_limit=count + 16) as local:
         child = getattr(local, "_child", None)  # the Fleet child, for its fds and RSS
@@ -490,6 +493,8 @@ def run_open_only(options: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
 
         def progress(opened: int) -> None:
+            if options.gc_freeze and opened % FREEZE_EVERY == 0:
+                gc.freeze()  # the open episodes are long-lived: out of the full collections
             if opened % every == 0:
                 print(f"  {opened} open after {time.perf_counter() - started:.0f} s, "
                       f"RSS +{(rss_bytes() - rss0) / opened / 2**20:.3f} MB each, "
@@ -666,6 +671,9 @@ def main() -> None:
                         help="with --open-only: episodes opening at once")
     parser.add_argument("--skip-asyncio", action="store_true",
                         help="with --open-only: measure fleetenv only, not the raw program")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="with --open-only: gc.freeze() the heap as fleetenv's episodes "
+                             "open, so CPython's full collections skip the open episodes")
     parser.add_argument("--tracemalloc", action="store_true",
                         help="with --open-only: also trace fleetenv's Python heap (slower)")
     options = parser.parse_args()
