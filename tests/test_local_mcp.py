@@ -78,6 +78,62 @@ def test_instances_are_isolated(notes_client: Any) -> None:
         second.close()
 
 
+def test_instances_share_tool_definitions_not_databases(notes_fleet: LocalFleet,
+                                                         notes_client: Any) -> None:
+    """What registering a tool derives from its signature (argument model, schemas) is
+    built for the first instance and reused by the next; each instance's tool is still
+    its own function, reaching its own database."""
+    first, second = notes_client.make("notes"), notes_client.make("notes")
+    try:
+        store = notes_fleet._server.state.store  # in-process: the servers are inspectable
+        registered = [store.get(env.instance_id).mcp.tools._tool_manager.get_tool("add_note")
+                      for env in (first, second)]
+        assert registered[0].fn_metadata is registered[1].fn_metadata
+        assert registered[0].parameters is registered[1].parameters
+        assert registered[0].fn is not registered[1].fn
+
+        async def main() -> None:
+            async with open_mcp(f"{second.urls.root}mcp") as session:
+                tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+                assert tools["add_note"].input_schema == registered[0].parameters
+                added = await session.call_tool("add_note", {"title": "only in second"})
+                assert added.structured_content == {"result": 3}
+            async with open_mcp(f"{first.urls.root}mcp") as session:
+                listed = await session.call_tool("list_notes", {})
+                assert len(listed.structured_content["result"]) == 2
+
+        anyio.run(main)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_shared_tool_definitions_keep_each_apps_own_text(local_fleet: LocalFleet,
+                                                         fleet_client: Any) -> None:
+    """Two apps register their ``computer`` tool from the same code with different
+    descriptions: each lists its own."""
+    from fleetenv.local.apps import APPS
+
+    if not {"helpdesk", "shop"} <= set(APPS):
+        pytest.skip("needs the bundled helpdesk and shop apps")
+    envs = [fleet_client.make("helpdesk"), fleet_client.make("shop")]
+    try:
+        async def description(root: str) -> str:
+            async with open_mcp(f"{root}api/v1/mcp") as session:
+                (tool,) = (await session.list_tools()).tools
+                return tool.description or ""
+
+        async def main() -> list[str]:
+            return [await description(env.urls.root) for env in envs]
+
+        helpdesk, shop = anyio.run(main)
+        assert helpdesk != shop
+        assert APPS["helpdesk"].name in helpdesk and APPS["shop"].name in shop
+    finally:
+        for env in envs:
+            env.close()
+
+
 def test_stopped_instance_fails_fast_for_mcp(notes_client: Any) -> None:
     env = notes_client.make("notes")
     root = env.urls.root

@@ -181,6 +181,20 @@ def test_instance_limit_is_a_403() -> None:
         client.make("notes").close()
 
 
+def test_only_live_instances_count_against_the_limit() -> None:
+    """A create whose boot failed, and an instance that expired, free their slot."""
+    from _support.fixtures_local import TEST_APPS
+
+    with LocalFleet(apps=TEST_APPS, instance_limit=1, verifier_workers=1) as local:
+        client = local.client()
+        local.faults.add("create_failed", message="image pull failed", times=1)
+        assert client.make("notes").status == "error"
+        expiring = client.make("notes")
+        local.faults.expire(expiring.instance_id)
+        client.make("notes").close()
+        assert client.account().instance_count == 0
+
+
 def test_create_is_idempotent_on_request_id(notes_fleet: LocalFleet) -> None:
     url = f"{notes_fleet.base_url}/v1/env/instances"
     headers = {"Authorization": f"Bearer {notes_fleet.token}", "X-Request-ID": uuid.uuid4().hex}

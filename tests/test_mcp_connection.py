@@ -8,7 +8,9 @@ import concurrent.futures
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from _support.fixtures_mcp import RunningMCPServer
@@ -22,7 +24,7 @@ from fleetenv.core.errors import (
     FleetEnvError,
     ToolCallMayHaveRunError,
 )
-from fleetenv.mcp import CALL_ID_META_KEY, MCPConnection, ToolResult
+from fleetenv.mcp import CALL_ID_META_KEY, MCPConnection, ToolResult, keepalive
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -288,6 +290,37 @@ def test_tool_calls_reuse_their_tcp_connection() -> None:
     assert requests >= 12 + 4  # initialize, initialized, GET stream, tools/list, calls, DELETE
     assert connections <= 3, f"{connections} TCP connections for {requests} requests"
     assert connections - opened <= 1  # the calls reused the setup's connections
+
+
+def _established_to(port: int) -> int:
+    """Client sockets of this host ESTABLISHED to ``127.0.0.1:port`` (Linux's table)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+        count += remote_port == port and fields[3] == "01"  # 01: ESTABLISHED
+    return count
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's socket table")
+def test_a_session_at_rest_keeps_only_its_stream_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once no request of a session has been in flight for the keep-alive expiry, its
+    pooled connection is closed (before, it stayed open until the next request found it
+    expired): a session at rest holds one connection, its GET stream. The next call
+    opens a new one."""
+    monkeypatch.setattr(keepalive, "IDLE_S", 1.0)
+    with (ServerThread(wrap_app(build_full_server(), None)) as server,
+          MCPConnection(server.url, call_timeout_s=10) as connection):
+        port = int(urlsplit(server.url).port or 0)
+        connection.open()
+        assert connection.call_tool("echo", {"text": "a"}).texts == ["a"]
+        # the GET stream and the pooled ones (two when a setup POST overlapped another's drain)
+        assert _established_to(port) >= 2
+        # within the test server's own keep-alive timeout (5 s), which would close it too
+        wait_for(lambda: _established_to(port) == 1, timeout=3,
+                 what="the idle pooled connection to be closed")
+        assert connection.call_tool("echo", {"text": "b"}).texts == ["b"]
 
 
 class _StreamHeldOpen:

@@ -26,7 +26,7 @@ import anyio
 
 from fleetenv.local.cdp import Browser
 from fleetenv.local.databases import InstanceDatabase, SeedCache, copy_database
-from fleetenv.local.mcp_host import InstanceMCP, ToolGate
+from fleetenv.local.mcp_host import InstanceMCP, ToolGate, ToolTemplates
 from fleetenv.local.wire import ControlPlaneError
 
 if TYPE_CHECKING:  # pragma: no cover - annotation only; the apps package loads every app
@@ -167,11 +167,16 @@ class InstanceStore:
         self.default_ttl_seconds = default_ttl_seconds
         self.instance_limit = instance_limit
         self._instances: dict[str, Instance] = {}
+        #: The pending and running ones (stopped records stay in `_instances`), so that
+        #: counting and reaping cost the live instances, not every one ever created.
+        self._live: dict[str, Instance] = {}
         self._seeds = SeedCache(workdir / "seeds")
         self._instance_dir = workdir / "instances"
         self._by_request_id: dict[str, tuple[dict[str, Any], str]] = {}
         self._creating: dict[str, anyio.Event] = {}
         self._wakeup = anyio.Event()
+        self._next_reap = 0.0  # when the reaper wakes up next (time.time())
+        self._tool_templates: ToolTemplates = {}  # shared by every instance's MCP servers
         #: Awaited first by `stop_all`: other resources that must end with the server
         #: (their open MCP streams would hold up its graceful shutdown).
         self.on_stop_all: list[Callable[[], Awaitable[None]]] = []
@@ -185,7 +190,7 @@ class InstanceStore:
         return list(self._instances.values())
 
     def running_count(self) -> int:
-        return sum(1 for inst in self._instances.values() if inst.status in ("running", "pending"))
+        return len(self._live)
 
     # ----- creation -----------------------------------------------------------------------
 
@@ -286,6 +291,7 @@ class InstanceStore:
                 instance_id=secrets.token_hex(6), created_at=now, updated_at=now, **fields
             )
             self._instances[instance.instance_id] = instance
+            self._live[instance.instance_id] = instance
             if request_id is not None:
                 self._by_request_id[request_id] = (body, instance.instance_id)
             try:
@@ -300,7 +306,8 @@ class InstanceStore:
                     500, f"Instance '{instance.instance_id}' of env '{instance.env_key}' failed "
                     f"to boot: {type(exc).__name__}: {exc} (a bug in the app or the local Fleet)",
                 ) from exc
-            self._wakeup.set()
+            if instance.expires_at < self._next_reap:  # sooner than the reaper looks again
+                self._wakeup.set()
             return instance
         finally:
             if request_id is not None:
@@ -311,6 +318,7 @@ class InstanceStore:
         self, instance: Instance, task_group: Any, gate: ToolGate, fail_boot: str | None
     ) -> None:
         if fail_boot is not None:
+            self._live.pop(instance.instance_id, None)
             instance.status = "error"
             instance.stop_reason = fail_boot
             instance.terminated_at = instance.updated_at = time.time()
@@ -327,7 +335,8 @@ class InstanceStore:
 
         instance.db = await anyio.to_thread.run_sync(prepare)
         db = instance.db
-        instance.mcp = InstanceMCP(app=app, db_factory=db.session, gate=gate, host=self.host)
+        instance.mcp = InstanceMCP(app=app, db_factory=db.session, gate=gate, host=self.host,
+                                   templates=self._tool_templates)
         await instance.mcp.start(task_group)
         instance.status = "running"
         instance.updated_at = time.time()
@@ -337,6 +346,7 @@ class InstanceStore:
     async def stop(self, instance: Instance, reason: str) -> None:
         """Stop an instance (idempotent): end its MCP sessions, delete its database."""
         now = time.time()
+        self._live.pop(instance.instance_id, None)
         if instance.status not in ("stopped", "error"):
             instance.status = "stopped"
             instance.stop_reason = reason
@@ -358,7 +368,7 @@ class InstanceStore:
             await self.stop(instance, f"expired (ttl_seconds={instance.ttl_seconds:g})")
 
     async def expire_due(self) -> None:
-        for instance in list(self._instances.values()):
+        for instance in list(self._live.values()):
             await self.check_expiry(instance)
 
     async def reap_forever(self) -> None:
@@ -366,10 +376,11 @@ class InstanceStore:
         while True:
             await self.expire_due()
             now = time.time()
-            due = [i.expires_at for i in self._instances.values() if i.running]
-            delay = min([*(d - now for d in due), 1.0])
+            due = [i.expires_at for i in self._live.values() if i.running]
+            delay = max(min([*(d - now for d in due), 1.0]), 0.01)
             self._wakeup = anyio.Event()
-            with anyio.move_on_after(max(delay, 0.01)):
+            self._next_reap = now + delay
+            with anyio.move_on_after(delay):
                 await self._wakeup.wait()
 
     async def stop_all(self) -> None:

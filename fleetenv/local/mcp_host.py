@@ -3,7 +3,10 @@
 Every instance gets its own pair of ``MCPServer`` objects (app tools at ``{root}mcp``, the
 ``computer`` tool at ``{root}api/v1/mcp``). That gives isolation by construction: a tool
 can only reach the database factory it was registered with, and stopping an instance
-ends exactly its sessions. A pair costs about 3 ms to build.
+ends exactly its sessions. What registering a tool derives from its signature (argument
+model, JSON schemas: tens of ms of pydantic work per tool) is built once per server
+process and shared (`ToolTemplates`); each instance's tools still have their own
+functions.
 
 Mounting does not run a sub-app's lifespan, so the session managers are run here, by
 one task per instance in the server's task group, until the instance stops.
@@ -12,6 +15,7 @@ one task per instance in the server's task group, until the instance stops.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.server import MCPServer
+from mcp.server.mcpserver.tools.base import Tool as RegisteredTool
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Receive, Scope, Send
 
@@ -105,14 +110,72 @@ def root_logger_untouched() -> Iterator[None]:
             root.setLevel(level)
 
 
-class InstanceMCPServer(MCPServer):
-    """An ``MCPServer`` whose every tool call passes through the host's gate first."""
+#: Tools registered before, by everything their registration derives from except the
+#: function itself (`_template_key`): a later instance's tool copies one, with its own
+#: function. One per server process, shared by every instance (`InstanceStore`).
+ToolTemplates = dict[tuple[Any, ...], RegisteredTool]
 
-    def __init__(self, name: str, gate: ToolGate) -> None:
+
+def _template_key(fn: Callable[..., Any], options: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """What a registered tool is built from: the function's code, names, docstring and
+    signature (annotations and defaults), and the ``add_tool`` options. None for what is
+    not a plain function (built every time)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    try:
+        signature = str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return None
+    names = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
+             getattr(fn, "__name__", None), getattr(fn, "__doc__", None))
+    return (code, *names, signature, *(repr(option) for option in options))
+
+
+class InstanceMCPServer(MCPServer):
+    """An ``MCPServer`` whose every tool call passes through the host's gate first.
+
+    ``templates``: tools registered by other instances' servers, shared (`ToolTemplates`).
+    """
+
+    def __init__(self, name: str, gate: ToolGate,
+                 templates: ToolTemplates | None = None) -> None:
         with root_logger_untouched():
             super().__init__(name, version="local", log_level="WARNING")
         self._gate = gate
         self._tool_names: frozenset[str] | None = None
+        self._templates: ToolTemplates = {} if templates is None else templates
+
+    def add_tool(
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        title: str | None = None,
+        description: str | None = None,
+        annotations: Any = None,
+        icons: Any = None,
+        meta: dict[str, Any] | None = None,
+        structured_output: bool | None = None,
+    ) -> None:
+        """``MCPServer.add_tool``, copying the tool an earlier instance registered from the
+        same definition (`_template_key`) with this instance's ``fn``, instead of
+        building its argument model and schemas again."""
+        key = _template_key(fn, (name, title, description, annotations, icons, meta,
+                                 structured_output))
+        template = self._templates.get(key) if key is not None else None
+        # mcp 2.3's ToolManager adds only by building; its table is the one place to put
+        # a built tool.
+        tools: dict[str, RegisteredTool] = self._tool_manager._tools
+        if template is not None and template.name not in tools:
+            tools[template.name] = template.model_copy(update={"fn": fn})
+            return
+        before = set(tools)
+        super().add_tool(fn, name=name, title=title, description=description,
+                         annotations=annotations, icons=icons, meta=meta,
+                         structured_output=structured_output)
+        added = [tool for tool_name, tool in tools.items() if tool_name not in before]
+        if key is not None and added:
+            self._templates[key] = added[0]
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Any = None
@@ -143,10 +206,11 @@ class InstanceMCP:
         db_factory: DbFactory,
         gate: ToolGate,
         host: str,
+        templates: ToolTemplates | None = None,
     ) -> None:
-        self.tools = InstanceMCPServer(f"{app.key}", gate)
+        self.tools = InstanceMCPServer(f"{app.key}", gate, templates)
         app.register_tools(self.tools, db_factory)
-        self.computer = InstanceMCPServer(f"{app.key}-computer", gate)
+        self.computer = InstanceMCPServer(f"{app.key}-computer", gate, templates)
         app.register_computer(self.computer, db_factory)
         # streamable_http_app() is what creates each server's session manager; the
         # Starlette wrapper itself is not used (we dispatch to the manager directly).

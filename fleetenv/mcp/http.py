@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fleetenv import runtime
 from fleetenv.core.errors import ConfigurationError, ConnectError
 from fleetenv.core.retry import Deadline
-from fleetenv.mcp import failures
+from fleetenv.mcp import failures, keepalive
 from fleetenv.mcp.keepalive import keep_alive_transport
 
 if TYPE_CHECKING:
@@ -43,9 +43,6 @@ _ssl_building: tuple[int, asyncio.Future[ssl.SSLContext]] | None = None
 _WRITE_TIMEOUT_S = 30.0
 _POOL_TIMEOUT_S = 30.0
 _KEEPALIVE_PER_CONNECTION = 8
-# Idle connections are dropped before the 5 s idle timeout common servers use (uvicorn,
-# Node): a call sent just as the server closes its end fails after it may have been read.
-_KEEPALIVE_EXPIRY_S = 4.0
 # An error body longer than this is not read to classify it (real ones are tiny).
 _MAX_ERROR_BODY = 64 * 1024
 # Every tools/call carries a fresh id under this `_meta` key, so a server (our local one in
@@ -128,7 +125,7 @@ async def connection_client(
             verify=context,
             limits=httpx2.Limits(max_connections=None,
                                  max_keepalive_connections=_KEEPALIVE_PER_CONNECTION,
-                                 keepalive_expiry=_KEEPALIVE_EXPIRY_S),
+                                 keepalive_expiry=keepalive.IDLE_S),
         ), limit=max_reply_bytes),
         event_hooks={"response": [_record]},
     )

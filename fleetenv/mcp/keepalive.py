@@ -5,6 +5,10 @@ httpcore would close the TCP connection instead of pooling it (docs/performance.
 transport reads the rest of a POST or DELETE reply when it is closed, bounded (at most
 ``MAX_DRAIN_BYTES`` within ``DRAIN_S``); GET replies (the session's stream) close as they are.
 
+Idle connections: once no POST or DELETE has been in flight for ``IDLE_S`` (the pool's
+keep-alive expiry), the transport closes the pool's idle connections, so an open session at
+rest holds one connection, its GET stream.
+
 Size cap: ``mcp`` limits only SSE events, and reads a JSON reply whole. Given a ``limit``,
 reading any other POST or DELETE reply raises `ReplyTooLarge` once it announces or reaches
 more than ``limit`` decoded bytes, and its connection is closed, never drained. As an
@@ -14,9 +18,10 @@ more than ``limit`` decoded bytes, and its connection is closed, never drained. 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from fleetenv.mcp import failures
@@ -24,12 +29,16 @@ from fleetenv.mcp import failures
 if TYPE_CHECKING:
     import httpx2
 
-__all__ = ["DRAIN_S", "MAX_DRAIN_BYTES", "keep_alive_transport"]
+__all__ = ["DRAIN_S", "IDLE_S", "MAX_DRAIN_BYTES", "keep_alive_transport"]
 
 #: How long closing a reply may wait for the rest of it.
 DRAIN_S = 0.5
 #: How much of a reply's rest closing it reads, at most.
 MAX_DRAIN_BYTES = 64 * 1024
+#: How long a pooled connection may stay idle: the pool's keep-alive expiry too. Below the
+#: 5 s idle timeout of common servers (uvicorn, Node): a call sent just as the server closes
+#: its end fails after it may have been read.
+IDLE_S = 4.0
 
 logger = logging.getLogger("fleetenv.mcp")
 
@@ -70,11 +79,14 @@ def _keep_alive_class() -> type[Any]:
 
     class DrainingStream(httpx2.AsyncByteStream):
         """A reply body that, when closed before its end, reads the rest first; with a
-        ``limit``, one that raises `ReplyTooLarge` instead of reading past it."""
+        ``limit``, one that raises `ReplyTooLarge` instead of reading past it.
+        ``on_closed`` runs once, when it is closed (its connection is back in the pool)."""
 
         def __init__(self, inner: httpx2.AsyncByteStream, limit: int | None = None,
-                     announced: int | None = None) -> None:
+                     announced: int | None = None,
+                     on_closed: Callable[[], None] | None = None) -> None:
             self._inner = inner
+            self._on_closed = on_closed
             self._iterator: AsyncIterator[bytes] | None = None
             self._ended = False
             self._limit = limit
@@ -111,7 +123,12 @@ def _keep_alive_class() -> type[Any]:
                 if not self._ended and not self._over:  # an over-limit rest is not read
                     await self._drain()
             finally:
-                await self._inner.aclose()
+                try:
+                    await self._inner.aclose()
+                finally:
+                    on_closed, self._on_closed = self._on_closed, None
+                    if on_closed is not None:
+                        on_closed()
 
         async def _drain(self) -> None:
             iterator = self.__aiter__()
@@ -129,14 +146,24 @@ def _keep_alive_class() -> type[Any]:
         def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int | None) -> None:
             self._inner = inner
             self._limit = limit
+            self._replying = 0  # POSTs and DELETEs sent whose reply is not closed yet
+            self._idle_timer: asyncio.TimerHandle | None = None
+            self._closing: set[asyncio.Task[None]] = set()  # held: the loop keeps weak refs
 
         async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-            response = await self._inner.handle_async_request(request)
-            if request.method not in ("POST", "DELETE") or not isinstance(
-                    response.stream, httpx2.AsyncByteStream):  # closed as it is
+            if request.method not in ("POST", "DELETE"):  # the GET stream: as it is
+                return await self._inner.handle_async_request(request)
+            self._begin()
+            try:
+                response = await self._inner.handle_async_request(request)
+            except BaseException:
+                self._end()
+                raise
+            if not isinstance(response.stream, httpx2.AsyncByteStream):  # closed as it is
+                self._end()
                 return response
             if self._limit is None or _is_event_stream(response):
-                response.stream = DrainingStream(response.stream)
+                response.stream = DrainingStream(response.stream, on_closed=self._end)
                 return response
             body: httpx2.AsyncByteStream = response.stream
             headers = response.headers
@@ -149,10 +176,47 @@ def _keep_alive_class() -> type[Any]:
                 announced = None
                 for name in ("content-encoding", "content-length"):  # both were the raw body's
                     headers.pop(name, None)
-            response.stream = DrainingStream(body, self._limit, announced)
+            response.stream = DrainingStream(body, self._limit, announced, self._end)
             return response
 
+        def _begin(self) -> None:
+            self._replying += 1
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+
+        def _end(self) -> None:
+            self._replying -= 1
+            if self._replying == 0 and self._idle_timer is None:
+                self._idle_timer = asyncio.get_running_loop().call_later(
+                    IDLE_S, self._close_idle)
+
+        def _close_idle(self) -> None:
+            self._idle_timer = None
+            # httpx2's transport keeps its httpcore2 pool there; the pool lists its
+            # connections, and one closed while idle is dropped by the pool's next pass.
+            pool = getattr(self._inner, "_pool", None)
+            idle = [c for c in getattr(pool, "connections", ()) if c.is_idle()]
+            if idle and self._replying == 0:
+                task = asyncio.ensure_future(self._close_all(idle))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+
+        async def _close_all(self, connections: list[Any]) -> None:
+            for connection in connections:
+                # A request that started since may take an idle connection: leave them all.
+                # Checked right before closing, which marks it closed without suspending.
+                if self._replying or not connection.is_idle():
+                    return
+                try:
+                    await connection.aclose()
+                except Exception as exc:  # a broken socket: it is closed either way
+                    logger.debug("closing an idle MCP connection failed: %r", exc)
+
         async def aclose(self) -> None:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
             await self._inner.aclose()
 
     return KeepAliveTransport

@@ -32,9 +32,12 @@ manager API), peak threads, peak RSS growth per episode, and failed episodes.
 ``--open-only N`` measures holding N episodes open instead (reset done, MCP session open,
 nothing called): fleetenv envs of one ``Session`` opened with ``reset_async`` on one
 asyncio loop (``--opening`` at once) against
-raw sessions opened the same way, reporting memory per open episode (RSS after a
-``gc.collect``), file descriptors and threads. The soft ``RLIMIT_NOFILE`` is raised to the
-hard limit first (the Fleet child inherits it).
+raw sessions opened the same way (``--skip-asyncio``: fleetenv only), reporting the time
+to open them all, memory per open episode (RSS after a ``gc.collect``; ``--tracemalloc``
+adds the traced Python heap), file descriptors and threads, per episode and in all
+(``--gc-freeze``: the heap is frozen every 100 opened episodes, see docs/performance.md). The
+``RLIMIT_NOFILE`` is raised first (the Fleet child inherits it): the hard limit too when
+run as root, else a note says which limit stops the run.
 
     python tests/benchmarks/bench_scale.py [--sizes 1,16,64,256,1024] [--calls 12]
         [--rounds 1]
@@ -333,8 +336,62 @@ def rounded(row: dict[str, Any]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- open only
 
-async def open_fleetenv(session: Session, count: int, opening: int
-                        ) -> tuple[list[FleetEnv], int]:
+#: File descriptors an open episode at rest holds in either process (this one, and the
+#: Fleet child, which inherits this process's limits): its session's GET stream. The
+#: spare covers the episodes opening and the pooled connections within their keep-alive
+#: expiry (a few seconds' worth of episodes), and the process's own files.
+FDS_PER_OPEN_EPISODE = 1
+FDS_SPARE = 1024
+#: With --gc-freeze, the heap is frozen each time this many more episodes are open.
+FREEZE_EVERY = 100
+
+
+def raise_fd_limit_for(episodes: int) -> tuple[int, str | None]:
+    """Raise ``RLIMIT_NOFILE`` for ``episodes`` open episodes, before the Fleet child
+    starts: the hard limit too when this process may (root with CAP_SYS_RESOURCE), up to
+    ``fs.nr_open``; then the soft one to the hard one. Returns the soft limit and, when
+    it may be short of what ``episodes`` need, which limit that is."""
+    need = FDS_PER_OPEN_EPISODE * episodes + FDS_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    refused = ""
+    if hard != resource.RLIM_INFINITY and hard < need:
+        target = min(need, nr_open())
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, target)), target))
+        except (ValueError, OSError) as exc:
+            refused = f" (raising it was refused: {exc}; it needs root with CAP_SYS_RESOURCE)"
+    soft = raise_fd_limit()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or soft >= need:
+        return soft, None
+    which = "fs.nr_open" if hard >= nr_open() else f"the hard limit{refused}"
+    return soft, (f"RLIMIT_NOFILE {soft} (hard {hard}) may be short of the {need} file "
+                  f"descriptors {episodes} open episodes can need (about "
+                  f"{FDS_PER_OPEN_EPISODE} each, in this process and in the Fleet child): "
+                  f"{which}; a run it stops fails with 'Too many open files'")
+
+
+def nr_open() -> int:
+    """The kernel's ceiling on RLIMIT_NOFILE (``fs.nr_open``; 1,048,576 by default)."""
+    try:
+        return int(Path("/proc/sys/fs/nr_open").read_text())
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+def process_fds_and_rss(pid: int) -> tuple[int, float]:
+    """Open file descriptors and RSS (MB) of process ``pid`` (0, 0.0 if unreadable)."""
+    try:
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        with open(f"/proc/{pid}/statm") as statm:
+            rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0, 0.0
+    return fds, rss / 2**20
+
+
+async def open_fleetenv(session: Session, count: int, opening: int,
+                        progress: Callable[[int], None]) -> tuple[list[FleetEnv], int]:
     limit = asyncio.Semaphore(opening)
     envs: list[FleetEnv] = []
     failed = 0
@@ -346,6 +403,7 @@ async def open_fleetenv(session: Session, count: int, opening: int
             try:
                 await env.reset_async()
                 envs.append(env)
+                progress(len(envs))
             except Exception as exc:
                 failed += 1
                 if failed == 1:
@@ -404,10 +462,23 @@ async def hold_raw(fleet_url: str, token: str, count: int, opening: int,
 
 
 def run_open_only(options: argparse.Namespace) -> dict[str, Any]:
+    """Hold ``--open-only`` episodes open: fleetenv, then (unless ``--skip-asyncio``) the
+    raw asyncio program. Per side: time to open them all, memory per open episode (RSS
+    growth after a ``gc.collect``, less tracemalloc's own memory; with ``--tracemalloc``
+    also the Python heap that tracemalloc sees), file descriptors and threads (in all and
+    per episode), failures; and the Fleet child's descriptors and RSS."""
+    import tracemalloc
+
     count = options.open_only
-    report: dict[str, Any] = {"open_only": count, "fd_limit": resource.getrlimit(
-        resource.RLIMIT_NOFILE)[0]}
+    fd_limit, fd_short = raise_fd_limit_for(count)
+    if fd_short:
+        print(f"note: {fd_short}", flush=True)
+    report: dict[str, Any] = {"open_only": count, "fd_limit": fd_limit,
+                              "fd_limit_short": fd_short, "gc_freeze": options.gc_freeze}
+    every = max(500, count // 10)
     with LocalFleet(in_process=False, instance_limit=count + 16) as local:
+        child = getattr(local, "_child", None)  # the Fleet child, for its fds and RSS
+        fleet_pid = child.pid if child is not None else 0
         config = resolve_config(api_key=local.token, base_url=local.base_url,
                                 max_live_instances=count + 16,
                                 max_creating_instances=options.creating)
@@ -415,17 +486,50 @@ def run_open_only(options: argparse.Namespace) -> dict[str, Any]:
         warm.reset()
         warm.close(grade=False)
         gc.collect()
+        if options.tracemalloc:
+            tracemalloc.start()
         rss0, fds0, threads0 = rss_bytes(), open_fds(), threading.active_count()
+        fleet_fds0, fleet_rss0 = process_fds_and_rss(fleet_pid)
         started = time.perf_counter()
+
+        def progress(opened: int) -> None:
+            if options.gc_freeze and opened % FREEZE_EVERY == 0:
+                gc.freeze()  # the open episodes are long-lived: out of the full collections
+            if opened % every == 0:
+                print(f"  {opened} open after {time.perf_counter() - started:.0f} s, "
+                      f"RSS +{(rss_bytes() - rss0) / opened / 2**20:.3f} MB each, "
+                      f"{(open_fds() - fds0) / opened:.2f} fds each, "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
+
         loop = asyncio.new_event_loop()
         session = Session(config, events=EventBus(sinks=[]))  # one, as a Runner has
-        envs, failed = loop.run_until_complete(open_fleetenv(session, count, options.opening))
+        envs, failed = loop.run_until_complete(
+            open_fleetenv(session, count, options.opening, progress))
+        seconds = time.perf_counter() - started
         gc.collect()
-        row = {"open": len(envs), "failed": failed,
-               "seconds_to_open": round(time.perf_counter() - started, 1),
-               "mb_per_open_episode": round((rss_bytes() - rss0) / max(1, len(envs)) / 2**20, 3),
-               "fds": open_fds() - fds0, "threads": threading.active_count() - threads0}
+        opened = max(1, len(envs))
+        threads = threading.active_count()
+        fleet_fds, fleet_rss = process_fds_and_rss(fleet_pid)
+        # tracemalloc's own bookkeeping (a trace per block) is not the episodes' memory
+        tracing = tracemalloc.get_tracemalloc_memory() if options.tracemalloc else 0
+        row: dict[str, Any] = {
+            "open": len(envs), "failed": failed, "seconds_to_open": round(seconds, 1),
+            "mb_per_open_episode": round((rss_bytes() - rss0 - tracing) / opened / 2**20, 3),
+            "fds": open_fds() - fds0,
+            "fds_per_open_episode": round((open_fds() - fds0) / opened, 2),
+            "threads": threads - threads0, "threads_total": threads,
+            "threads_per_open_episode": round((threads - threads0) / opened, 4),
+            "fleet_fds_per_open_episode": round((fleet_fds - fleet_fds0) / opened, 2),
+            "fleet_mb_per_open_episode": round((fleet_rss - fleet_rss0) / opened, 3),
+            "load_average": [round(load, 2) for load in os.getloadavg()],
+        }
+        if options.tracemalloc:
+            row["traced_mb_per_open_episode"] = round(
+                tracemalloc.get_traced_memory()[0] / opened / 2**20, 3)
+            tracemalloc.stop()
         print(f"fleetenv: {row}", flush=True)
+        if failed and fd_short:
+            print(f"note: {failed} failed; {fd_short}", flush=True)
         report["fleetenv"] = row
 
         async def close_all(opened: list[FleetEnv]) -> None:
@@ -437,17 +541,21 @@ def run_open_only(options: argparse.Namespace) -> dict[str, Any]:
         loop.close()
         del envs
         gc.collect()
+        if options.skip_asyncio:
+            return report
 
         raw_row: dict[str, Any] = {}
 
         def measure(ready: int, failed: int) -> None:
             gc.collect()
             raw_row.update(open=ready, failed=failed,
+                           seconds_to_open=round(time.perf_counter() - started1, 1),
                            mb_per_open_episode=round((rss_bytes() - rss1) / max(1, ready)
                                                      / 2**20, 3),
                            fds=open_fds() - fds1, threads=threading.active_count() - threads1)
 
         rss1, fds1, threads1 = rss_bytes(), open_fds(), threading.active_count()
+        started1 = time.perf_counter()
         asyncio.run(hold_raw(local.base_url, local.token, count, options.opening, measure))
         print(f"asyncio:  {raw_row}", flush=True)
         report["asyncio"] = raw_row
@@ -561,6 +669,13 @@ def main() -> None:
                         help="only profile one batch of N episodes on each side")
     parser.add_argument("--opening", type=int, default=64,
                         help="with --open-only: episodes opening at once")
+    parser.add_argument("--skip-asyncio", action="store_true",
+                        help="with --open-only: measure fleetenv only, not the raw program")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="with --open-only: gc.freeze() the heap as fleetenv's episodes "
+                             "open, so CPython's full collections skip the open episodes")
+    parser.add_argument("--tracemalloc", action="store_true",
+                        help="with --open-only: also trace fleetenv's Python heap (slower)")
     options = parser.parse_args()
     fd_limit = raise_fd_limit()
     print(f"fleetenv from {Path(fleetenv.__file__).parent}; fd limit {fd_limit}; "
