@@ -1,6 +1,6 @@
 """Run every benchmark, one after another, and rewrite the figures in the docs.
 
-    python tests/benchmarks/run_all.py --quick      # about 6 minutes on 2 quiet cores
+    python tests/benchmarks/run_all.py --quick      # about 7 minutes on 2 quiet cores
     python tests/benchmarks/run_all.py              # the full sizes (up to 1,024 episodes)
     python tests/benchmarks/run_all.py --quick --dry-run   # print the tables only
     python tests/benchmarks/run_all.py --from-json run.json  # re-render a saved run
