@@ -81,6 +81,7 @@ from instruments import (
     Probe,
     WireCounter,
     machine,
+    package_of,
     per_call,
     run_on_fleetenv_loop,
 )
@@ -576,26 +577,6 @@ def _short_path(filename: str) -> str:
     return filename
 
 
-_PACKAGES = ("fleetenv", "mcp_types", "mcp", "httpx2", "httpcore2", "httpx", "httpcore",
-             "h11", "anyio", "pydantic", "pydantic_core", "fleet", "asyncio", "json", "ssl",
-             "socket", "selectors", "threading", "concurrent")
-
-
-def _package(filename: str) -> str:
-    if filename.startswith(("~", "<")):
-        return "builtins (C)"
-    parts = filename.replace("\\", "/").split("/")
-    for marker in ("site-packages", "fleetenv"):
-        if marker in parts:
-            index = parts.index(marker)
-            name = parts[index + 1] if marker == "site-packages" else "fleetenv"
-            return name.split(".")[0]
-    for package in _PACKAGES:
-        if package in parts or f"{package}.py" in parts:
-            return package
-    return "stdlib/other"
-
-
 def profile_report(profiles: list[Any], calls: int, title: str, top: int = 20,
                    save_as: Path | None = None) -> dict[str, Any]:
     """Print where the CPU went (cProfile with a thread-CPU timer): by package (own time)
@@ -611,7 +592,7 @@ def profile_report(profiles: list[Any], calls: int, title: str, top: int = 20,
     by_package: dict[str, float] = {}
     rows = []
     for (filename, line, name), (_cc, _nc, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        package = _package(filename)
+        package = package_of(filename)
         by_package[package] = by_package.get(package, 0.0) + tottime
         rows.append((tottime, cumtime, f"{Path(filename).name}:{line}({name})", package))
     total = sum(by_package.values()) or 1e-9

@@ -78,6 +78,7 @@ from instruments import (
     children_cpu_s,
     loop_thread_cpu_s,
     machine,
+    package_of,
     run_on_fleetenv_loop,
 )
 from mcp import ClientSession
@@ -564,25 +565,6 @@ def run_open_only(options: argparse.Namespace) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- profile
 
-_PACKAGES = ("fleetenv", "mcp_types", "mcp", "httpx2", "httpcore2", "httpx", "httpcore",
-             "h11", "anyio", "pydantic", "fleet", "asyncio", "json", "ssl", "socket")
-
-
-def _package(filename: str) -> str:
-    if filename.startswith("~") or filename.startswith("<"):
-        return "builtins (C)"
-    parts = filename.replace("\\", "/").split("/")
-    for marker in ("site-packages", "fleetenv"):
-        if marker in parts:
-            index = parts.index(marker)
-            name = parts[index + 1] if marker == "site-packages" else "fleetenv"
-            return name.split(".")[0]
-    for package in _PACKAGES:
-        if package in parts:
-            return package
-    return "stdlib/other"
-
-
 def cpu_profile_report(profiler: Any, calls: int, title: str, top: int = 18) -> dict[str, float]:
     """Print where the CPU went (cProfile with a thread-CPU timer): by package (own time)
     and the top functions; returns ms per tool call by package."""
@@ -592,7 +574,7 @@ def cpu_profile_report(profiler: Any, calls: int, title: str, top: int = 18) -> 
     by_package: dict[str, float] = {}
     rows = []
     for (filename, line, name), (_cc, _nc, tottime, _cum, _callers) in stats.stats.items():
-        package = _package(filename)
+        package = package_of(filename)
         by_package[package] = by_package.get(package, 0.0) + tottime
         rows.append((tottime, f"{Path(filename).name}:{line}({name})", package))
     total = sum(by_package.values())

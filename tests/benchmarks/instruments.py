@@ -9,6 +9,7 @@
 * `WireCounter`: counts HTTP requests and new TCP connections at the transports.
 * `CpuHog`: N busy-loop processes, the "machine is busy" condition.
 * `machine()`: cores, CPU model, Python, load average, for the figures.
+* `package_of`: the package a profiled function's file belongs to.
 * `run_on_fleetenv_loop`: the one place a benchmark reaches into fleetenv's internals.
 
 Only the standard library and what the benchmarks already import (asyncio's internals,
@@ -383,3 +384,23 @@ def machine() -> dict[str, Any]:
     return {"cores": os.cpu_count(), "cpu": model,
             "python": platform.python_version(), "loadavg": _loadavg()}
 
+
+_PACKAGES = ("fleetenv", "mcp_types", "mcp", "httpx2", "httpcore2", "httpx", "httpcore",
+             "h11", "anyio", "pydantic", "pydantic_core", "fleet", "asyncio", "json", "ssl",
+             "socket", "selectors", "threading", "concurrent")
+
+
+def package_of(filename: str) -> str:
+    """The package a profiled function's file belongs to, for "where the time goes"."""
+    if filename.startswith(("~", "<")):
+        return "builtins (C)"
+    parts = filename.replace("\\", "/").split("/")
+    for marker in ("site-packages", "fleetenv"):
+        if marker in parts:
+            index = parts.index(marker)
+            name = parts[index + 1] if marker == "site-packages" else "fleetenv"
+            return name.split(".")[0]
+    for package in _PACKAGES:
+        if package in parts or f"{package}.py" in parts:
+            return package
+    return "stdlib/other"
