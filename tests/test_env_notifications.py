@@ -7,11 +7,11 @@ tool (``notifications/tools/list_changed``), log, and report progress.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _support.fixtures_local import toy_app
 from _support.notifying import add_notifying_tools
 from _support.waiting import wait_for
 from mcp.server.mcpserver import MCPServer
@@ -20,7 +20,7 @@ from fleetenv import FleetEnv, Task, ToolCall
 from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import ServerLog, ToolProgress, ToolsChanged
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps.base import AppSpec, DbFactory
+from fleetenv.local.apps.base import DbFactory
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -34,20 +34,7 @@ def _register(server: MCPServer, db: DbFactory) -> None:
     add_notifying_tools(server)
 
 
-def _register_computer(server: MCPServer, db: DbFactory) -> None:
-    @server.tool()
-    def computer(action: str = "screenshot") -> str:
-        """Not used."""
-        return "no screen"
-
-
-def _build(conn: sqlite3.Connection, data_key: str, data_version: str) -> None:
-    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY)")
-
-
-APP = AppSpec(key="notifying", name="Notifying", description="Servers that talk unasked.",
-              versions=("v1",), data={"notifying-seed": ("v1",)}, build_database=_build,
-              register_tools=_register, register_computer=_register_computer)
+APP = toy_app("notifying", "Notifying", "Servers that talk unasked.", _register)
 TASK = Task(key="notifying-task", prompt="Unlock the bonus.", env_key="notifying",
             env_version="v1")
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import base64
 import logging
-import sqlite3
 from collections.abc import Iterator
 
 import pytest
-from _support.fixtures_local import tiny_png
+from _support.fixtures_local import tiny_png, toy_app
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ImageContent
 
@@ -29,7 +28,7 @@ from fleetenv.adapters.openenv import (
 from fleetenv.core.errors import ConfigurationError, ToolNotFoundError
 from fleetenv.fleet.leases import LeaseClient
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps.base import AppSpec, DbFactory
+from fleetenv.local.apps.base import DbFactory
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,20 +42,7 @@ def _register(server: MCPServer, db: DbFactory) -> None:
         return [ImageContent(type="image", data=PNG, mime_type="")]
 
 
-def _register_computer(server: MCPServer, db: DbFactory) -> None:
-    @server.tool()
-    def computer(action: str = "screenshot") -> str:
-        """Not used."""
-        return "no screen"
-
-
-def _build(conn: sqlite3.Connection, data_key: str, data_version: str) -> None:
-    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY)")
-
-
-APP = AppSpec(key="porting", name="Porting", description="An image without a MIME type.",
-              versions=("v1",), data={"porting-seed": ("v1",)}, build_database=_build,
-              register_tools=_register, register_computer=_register_computer)
+APP = toy_app("porting", "Porting", "An image without a MIME type.", _register)
 TASK = Task(key="porting-task", prompt="Look, then submit_final_answer.", env_key="porting",
             env_version="v1")
 

@@ -8,11 +8,11 @@ records with a failed one), plus the rule itself on typed results.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _support.fixtures_local import toy_app
 from mcp.server import MCPServer
 
 from fleetenv import FleetEnv, Task, ToolCall
@@ -21,7 +21,7 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.events import ToolErrorReported
 from fleetenv.core.tool_results import ImageBlock, TextBlock, ToolResult
 from fleetenv.local import LocalFleet
-from fleetenv.local.apps.base import AppSpec, DbFactory
+from fleetenv.local.apps.base import DbFactory
 from fleetenv.mcp.error_rules import decide, fleet_rule, protocol_rule, resolve_rule
 
 pytestmark = pytest.mark.timeout(120)
@@ -71,21 +71,7 @@ def _register(server: MCPServer, db: DbFactory) -> None:
         raise ToolError("refused: not today")
 
 
-def _register_computer(server: MCPServer, db: DbFactory) -> None:
-    @server.tool()
-    def computer(action: str = "screenshot") -> str:
-        """Not used."""
-        return "no screen"
-
-
-def _build(conn: sqlite3.Connection, data_key: str, data_version: str) -> None:
-    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY)")
-
-
-PAYLOADS_APP = AppSpec(key="payloads", name="Payloads", description="Error payload shapes.",
-                       versions=("v1",), data={"payloads-seed": ("v1",)},
-                       build_database=_build, register_tools=_register,
-                       register_computer=_register_computer)
+PAYLOADS_APP = toy_app("payloads", "Payloads", "Error payload shapes.", _register)
 TASK = Task(key="payloads-task", prompt="Call the tools.", env_key="payloads",
             env_version="v1")
 

@@ -8,6 +8,7 @@
 * ``local_faults`` / ``notes_faults`` (function): the fleet's ``Faults``, cleared before
   and after the test so one test's faults never leak into the next.
 * ``fleet_client`` / ``notes_client``: fleet-python ``Fleet`` clients (``max_retries=0``).
+* ``toy_app``: a one-version app of the given tools, for a test's own ``LocalFleet``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 import sqlite3
 import struct
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx2
@@ -40,6 +41,7 @@ __all__ = [
     "notes_fleet",
     "open_mcp",
     "tiny_png",
+    "toy_app",
 ]
 
 
@@ -118,6 +120,26 @@ NOTES_APP = AppSpec(
     register_computer=_register_notes_computer,
 )
 TEST_APPS = {"notes": NOTES_APP}
+
+
+def _toy_computer(server: Any, db: DbFactory) -> None:
+    @server.tool()
+    def computer(action: str = "screenshot") -> str:
+        """Not used."""
+        return "no screen"
+
+
+def _toy_database(conn: sqlite3.Connection, data_key: str, data_version: str) -> None:
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY)")
+
+
+def toy_app(key: str, name: str, description: str,
+            register_tools: Callable[[Any, DbFactory], None]) -> AppSpec:
+    """An app of ``register_tools`` (version ``v1``, data ``<key>-seed``), with a one-table
+    database and a computer tool that is not used."""
+    return AppSpec(key=key, name=name, description=description, versions=("v1",),
+                   data={f"{key}-seed": ("v1",)}, build_database=_toy_database,
+                   register_tools=register_tools, register_computer=_toy_computer)
 
 
 def _bundled_apps_or_notes() -> dict[str, AppSpec] | None:
