@@ -27,6 +27,7 @@ from fleetenv.core.events import (
     RolloutRef,
     RolloutStarted,
     ToolCallFailed,
+    ToolCallFinished,
     ToolErrorReported,
     VerifierFailed,
     event_from_dict,
@@ -230,6 +231,29 @@ def test_add_and_remove_sink() -> None:
     bus.remove_sink(sink)
     bus.emit(REF.event(InstanceDeleted))
     assert seen == ["rollout_started"]
+
+
+def test_a_bus_wants_only_events_that_reach_a_sink_or_the_books() -> None:
+    bus = EventBus([])
+    # no sink: only what the accounting keeps (emitters skip building the rest)
+    assert bus.wants(RolloutStarted) and bus.wants(RolloutCompleted)
+    assert not bus.wants(ToolCallFailed) and not bus.wants(InstanceDeleted)
+    seen: list[Event] = []
+    bus.add_sink(seen.append)
+    assert bus.wants(ToolCallFailed) and bus.wants(RolloutStarted)
+    bus.remove_sink(seen.append)
+    assert not bus.wants(ToolCallFailed)
+    # the default LoggingSink wants what its logger would log
+    logger = logging.getLogger("fleetenv.events")
+    default = EventBus()
+    level = logger.level
+    try:
+        logger.setLevel(logging.INFO)
+        assert default.wants(InstanceDeleted) and not default.wants(ToolCallFinished)
+        logger.setLevel(logging.DEBUG)
+        assert default.wants(ToolCallFinished)
+    finally:
+        logger.setLevel(level)
 
 
 def test_failing_sink_is_isolated_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -62,6 +62,19 @@ class EventBus:
             except Exception:
                 self._sink_failed(sink, event)
 
+    def wants(self, event_type: type[Event]) -> bool:
+        """Whether an event of ``event_type`` would reach anyone: the accounting's books, or
+        a sink that has no ``wants`` method or whose ``wants(event_type)`` is true (a
+        `LoggingSink` whose logger is off for it is not). Emitters skip building an event
+        nobody would see: it costs a redaction per field."""
+        if self.accounting.keeps(event_type):
+            return True
+        for sink in self._sinks:
+            wants = getattr(sink, "wants", None)
+            if wants is None or wants(event_type):
+                return True
+        return False
+
     def scope(self, rollout_id: str) -> contextlib.AbstractContextManager[None]:
         """Work done for rollout ``rollout_id`` (one ``reset``/``step``/``close``).
 

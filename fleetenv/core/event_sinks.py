@@ -1,8 +1,9 @@
 """Where events go: stdlib ``logging`` (the default), a JSONL file, or any callable.
 
-A sink is anything callable with one ``Event``. Sinks run synchronously in the thread
-that emits, so they must be quick; the JSONL sink writes and flushes one short line under
-a lock, so a crash loses at most the line being written.
+A sink is anything callable with one ``Event``; one with a ``wants(event_type)`` method
+is sent only the types it wants (events nobody wants are not built). Sinks run
+synchronously in the thread that emits, so they must be quick; the JSONL sink writes and
+flushes one short line under a lock, so a crash loses at most the line being written.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ class LoggingSink:
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger(EVENTS_LOGGER)
+
+    def wants(self, event_type: type[Event]) -> bool:
+        """Whether events of ``event_type`` would be logged (at its lowest level)."""
+        return self.logger.isEnabledFor(event_type.level)
 
     def __call__(self, event: Event) -> None:
         level = event.log_level

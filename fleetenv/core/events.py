@@ -99,7 +99,7 @@ class Event:
     """Base of all events. ``kind`` names the event type in logs and JSONL."""
 
     kind: ClassVar[str] = "event"
-    level: ClassVar[int] = logging.INFO
+    level: ClassVar[int] = logging.INFO  # the lowest level an event of this type is logged at
 
     rollout_id: str
     task_key: str | None = None

@@ -53,6 +53,10 @@ class RolloutAccounting:
         self._completed: dict[str, str] = {}
         self._violations: list[str] = []
 
+    def keeps(self, event_type: type[Event]) -> bool:
+        """Whether `observe` records events of ``event_type`` (starts and completions)."""
+        return issubclass(event_type, RolloutStarted | RolloutCompleted)
+
     def observe(self, event: Event) -> bool:
         """Record ``event``; ``False`` means it breaks the rules and must not be delivered."""
         if isinstance(event, RolloutStarted):

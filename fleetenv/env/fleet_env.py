@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fleetenv.core.config import FleetConfig
 from fleetenv.core.errors import ConfigurationError, EpisodeStateError, FleetEnvError
 from fleetenv.core.event_bus import EventBus
-from fleetenv.core.events import RolloutRef, RolloutStarted
+from fleetenv.core.events import Event, RolloutRef, RolloutStarted
 from fleetenv.core.tasks import Task
 from fleetenv.core.types import Modality, Observation, ResetInfo, StepInfo, StepResult, StopReason
 from fleetenv.env.actions import parse_action
@@ -432,8 +432,9 @@ class FleetEnv:
                 hint="create a new fleetenv.Session and FleetEnv in the child",
                 task=self.task.key)
 
-    def _emit(self, event_type: type, **fields: Any) -> None:
-        self.events.emit(self._ref.event(event_type, **fields))
+    def _emit(self, event_type: type[Event], **fields: Any) -> None:
+        if self.events.wants(event_type):  # else nobody would see it: not built
+            self.events.emit(self._ref.event(event_type, **fields))
 
 
 def _as_task(task: object) -> Task:

@@ -143,10 +143,22 @@ class Runtime:
         before the exception propagates. A single-leaf exception group is unwrapped.
         """
         self._refuse_loop_thread("Runtime.call()")
-        label = name or _name_of(async_fn)
-        finished = threading.Event()
-        future = self._schedule(async_fn, args, timeout, finished, label)
-        return _wait(future, finished)
+        loop = self._running()
+        job = _Call()
+
+        def start() -> None:
+            if job.abandoned:  # the caller left before the loop got to it: never start
+                job.done.release()
+                return
+            job.task = loop.aio.create_task(_settle(loop, job, async_fn, args, timeout))
+            job.task.set_name(name or _name_of(async_fn))
+
+        try:
+            loop.aio.call_soon_threadsafe(start, context=_loop_context())
+        except RuntimeError as exc:  # the loop was closed under us (shutdown in progress)
+            raise _not_running(exc) from None
+        result: T = job.wait(loop)
+        return result
 
     def submit(self, async_fn: Callable[..., Awaitable[T]], *args: Any,
                name: str | None = None) -> concurrent.futures.Future[T]:
@@ -156,7 +168,7 @@ class Runtime:
         single-leaf exception group is NOT unwrapped here; `call` does that).
         """
         self._refuse_loop_thread("Runtime.submit()")
-        return self._schedule(async_fn, args, None, None, name or _name_of(async_fn))
+        return self._schedule(async_fn, args, None, name or _name_of(async_fn))
 
     async def call_async(self, async_fn: Callable[..., Awaitable[T]], *args: Any,
                          timeout: float | None = None, name: str | None = None) -> T:
@@ -170,8 +182,10 @@ class Runtime:
         side (`cancel_running`, shutdown) raises ``concurrent.futures.CancelledError``.
         """
         if self.in_loop_thread():
-            return await _run_job(async_fn, args, timeout, None)
-        future = self._schedule(async_fn, args, timeout, None, name or _name_of(async_fn))
+            if timeout is None:  # nothing to bound here: the function itself
+                return await async_fn(*args)
+            return await _run_job(async_fn, args, timeout)
+        future = self._schedule(async_fn, args, timeout, name or _name_of(async_fn))
         try:
             return await await_future(future)
         except BaseExceptionGroup as group:
@@ -354,8 +368,7 @@ class Runtime:
             return self._pool
 
     def _schedule(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
-                  timeout: float | None, finished: threading.Event | None,
-                  name: str) -> concurrent.futures.Future[T]:
+                  timeout: float | None, name: str) -> concurrent.futures.Future[T]:
         """Start ``fn(*args)`` as a task on the loop without waiting for the loop to pick
         it up.
 
@@ -369,10 +382,8 @@ class Runtime:
 
         def start() -> None:
             if future.cancelled():  # cancelled before the loop got to it: never start
-                if finished is not None:
-                    finished.set()
                 return
-            task = loop.aio.create_task(_tracked(loop, future, fn, args, timeout, finished))
+            task = loop.aio.create_task(_tracked(loop, future, fn, args, timeout))
             task.set_name(name)
 
             def cancel_task(done: concurrent.futures.Future[T]) -> None:
@@ -384,9 +395,7 @@ class Runtime:
         try:
             loop.aio.call_soon_threadsafe(start, context=_loop_context())
         except RuntimeError as exc:  # the loop was closed under us (shutdown in progress)
-            raise FleetEnvError(f"the fleetenv loop is not running ({exc})",
-                                hint="the runtime is shutting down; do not start new work "
-                                "now") from None
+            raise _not_running(exc) from None
         return future
 
     def _stop(self) -> None:
@@ -526,33 +535,91 @@ def _name_of(fn: Callable[..., Any]) -> str:
 
 
 async def _run_job(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
-                   timeout: float | None, finished: threading.Event | None) -> T:
-    """Await ``fn(*args)`` on the loop, under ``timeout``, and signal when it has unwound."""
+                   timeout: float | None) -> T:
+    """Await ``fn(*args)`` on the loop, under ``timeout``."""
     import anyio
 
+    if timeout is None:
+        return await fn(*args)
+    with anyio.move_on_after(timeout):
+        return await fn(*args)
+    raise DeadlineExceeded(
+        f"{_name_of(fn)} did not finish within {timeout:g} s",
+        hint="raise the timeout, or check that the remote side is responsive",
+    )
+
+
+def _not_running(exc: RuntimeError) -> FleetEnvError:
+    return FleetEnvError(f"the fleetenv loop is not running ({exc})",
+                         hint="the runtime is shutting down; do not start new work now")
+
+
+class _Call:
+    """One `Runtime.call`: its outcome, handed from the loop to the waiting thread by one
+    lock, released once the job has unwound (the cheapest wake-up a thread can have)."""
+
+    __slots__ = ("abandoned", "done", "error", "result", "task")
+
+    def __init__(self) -> None:
+        self.done = _thread.allocate_lock()
+        self.done.acquire()
+        self.task: asyncio.Task[None] | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.abandoned = False  # the caller was interrupted
+
+    def wait(self, loop: _Loop) -> Any:
+        # Only the main thread can be interrupted by a signal: only it wakes up periodically.
+        slice_s = _WAIT_SLICE_S if threading.current_thread() is threading.main_thread() else -1
+        try:
+            while not self.done.acquire(timeout=slice_s):
+                pass
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, ...): cancel the loop-side task and let it
+            # unwind, so nothing keeps running behind the caller's back. Re-raised.
+            self.abandoned = True
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing runs there
+                loop.aio.call_soon_threadsafe(self._cancel)
+            self.done.acquire(timeout=_CANCEL_GRACE_S)
+            raise
+        error = self.error
+        if error is None:
+            return self.result
+        if isinstance(error, asyncio.CancelledError):  # cancel_running or shutdown
+            raise concurrent.futures.CancelledError() from None
+        raise unwrap_group(error)
+
+    def _cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+async def _settle(loop: _Loop, job: _Call, fn: Callable[..., Awaitable[Any]],
+                  args: tuple[Any, ...], timeout: float | None) -> None:
+    """Run one `Runtime.call` job and hand its outcome to its waiter."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop.jobs.add(task)
     try:
-        if timeout is None:
-            return await fn(*args)
-        with anyio.move_on_after(timeout):
-            return await fn(*args)
-        raise DeadlineExceeded(
-            f"{_name_of(fn)} did not finish within {timeout:g} s",
-            hint="raise the timeout, or check that the remote side is responsive",
-        )
+        job.result = await _run_job(fn, args, timeout)
+    except BaseException as exc:
+        job.error = exc
+        if not isinstance(exc, Exception):  # cancellation or exit: this task ends with it
+            raise
     finally:
-        if finished is not None:
-            finished.set()
+        loop.jobs.discard(task)
+        job.done.release()
 
 
 async def _tracked(loop: _Loop, future: concurrent.futures.Future[T],
                    fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
-                   timeout: float | None, finished: threading.Event | None) -> None:
+                   timeout: float | None) -> None:
     """Run one job and hand its outcome to ``future`` (the task itself never fails)."""
     task = asyncio.current_task()
     assert task is not None
     loop.jobs.add(task)
     try:
-        result = await _run_job(fn, args, timeout, finished)
+        result = await _run_job(fn, args, timeout)
     except Exception as exc:
         if future.set_running_or_notify_cancel():
             future.set_exception(exc)
@@ -578,28 +645,6 @@ def _loop_context() -> contextvars.Context:
     if sniffio is not None and context.get(sniffio.current_async_library_cvar, None):
         context.run(sniffio.current_async_library_cvar.set, None)
     return context
-
-
-def _wait(future: concurrent.futures.Future[T], finished: threading.Event) -> T:
-    # Only the main thread can be interrupted by a signal: only it wakes up periodically.
-    slice_s = _WAIT_SLICE_S if threading.current_thread() is threading.main_thread() else None
-    try:
-        while True:
-            try:
-                # returns as soon as the future is done; raises CancelledError if cancelled
-                error = future.exception(timeout=slice_s)
-                break
-            except concurrent.futures.TimeoutError:
-                continue
-    except BaseException:
-        # Interrupted (KeyboardInterrupt, ...): cancel the loop-side task and let it
-        # unwind, so nothing keeps running behind the caller's back. Re-raised.
-        future.cancel()
-        finished.wait(_CANCEL_GRACE_S)
-        raise
-    if error is None:
-        return future.result()
-    raise unwrap_group(error)
 
 
 async def _cancel_jobs(loop: _Loop) -> None:
@@ -698,8 +743,11 @@ def on_fleetenv_loop(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any
 
     @functools.wraps(fn)
     async def hop(*args: P.args, **kwargs: P.kwargs) -> T:
-        return await _current.call_async(functools.partial(fn, *args, **kwargs),
-                                         name=_name_of(fn))
+        runtime = _current
+        if runtime.in_loop_thread():  # already there (a call within a call): no hop
+            return await fn(*args, **kwargs)
+        return await runtime.call_async(functools.partial(fn, *args, **kwargs),
+                                        name=_name_of(fn))
 
     return hop
 

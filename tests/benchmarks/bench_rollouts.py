@@ -25,7 +25,8 @@ deletion are excluded: (a) holds every episode at a barrier on its first turn (a
 reset: instance up, MCP session open, tools listed) and times from the barrier's release
 to the return of the last episode's M-th call, and holds every episode at a second
 barrier after its M-th call, so no session is ended, graded or deleted inside the window;
-(b) and (c) open every session first and time the ``gather``. Throughput = N * M / that
+(b) and (c) open every session first (new ones each round, as each fleetenv episode
+opens its own) and time the ``gather``. Throughput = N * M / that
 time. The order of the variants rotates from round to round so machine noise hits all
 alike; figures are medians over rounds. Ratio = fleetenv calls/s / raw calls/s in the
 same round (above 1: fleetenv is faster), the median over rounds.
@@ -375,6 +376,10 @@ class RawSessions:
         return Probe.take() - started
 
     def round(self, calls: int) -> Probe:
+        """One timed round on sessions opened for it (untimed), as every fleetenv episode
+        opens its own: a session's first call pays ``mcp``'s compiling of the tool's
+        output schema, on both sides."""
+        self.reopen()
         return self.loop.run_until_complete(self._round(calls))
 
     def reopen(self) -> None:
@@ -430,7 +435,6 @@ def run_size(fleet: LocalFleet, episodes: int, calls: int, modes: list[str],
         raws = {name: RawSessions(urls, expert=name == "raw-expert") for name in RAW}
         for raw in raws.values():
             stack.callback(raw.close)
-            raw.open()
         runners = {mode: stack.enter_context(make_runner(config, mode, episodes))
                    for mode in modes}
         threads = stack.enter_context(ThreadSampler())
@@ -443,16 +447,14 @@ def run_size(fleet: LocalFleet, episodes: int, calls: int, modes: list[str],
         for _name, run in variants:  # warm up every path
             run(min(episodes, 8), 2)
         def attempt(name: str, run: Callable[[int, int], Probe]) -> Probe:
-            """One round of a variant; a raw program's broken round is run once more on
-            fresh sessions, and the failure reported."""
+            """One round of a variant; a raw program's broken round is run once more (on
+            fresh sessions, as every round), and the failure reported."""
             try:
                 return run(episodes, calls)
             except RoundFailed as exc:
                 failures.append(f"{name}: a round failed and was run again on fresh "
                                 f"sessions: {exc}")
-                print(f"{name}: the round failed ({exc}); its sessions are opened again and "
-                      "the round run once more", flush=True)
-                raws[name].reopen()
+                print(f"{name}: the round failed ({exc}); it is run once more", flush=True)
                 return run(episodes, calls)
 
         with CpuHog(options.hog) as hog:
@@ -500,7 +502,7 @@ def print_size(episodes: int, calls: int, options: argparse.Namespace,
           f"median of {options.rounds} rotating round(s); load: {report['load']}")
     print(f"  {'variant':18s} {'calls/s':>8s} {'vs raw':>7s} {'vs expert':>9s} "
           f"{'CPU ms/call':>11s} {'(loop)':>7s} {'(other)':>7s} {'iter/call':>9s} "
-          f"{'wake/call':>9s} {'(self)':>6s} {'gc0/1k':>7s} {'conn/call':>9s} "
+          f"{'wake/call':>9s} {'(self)':>6s} {'gc0/1k':>7s} {'gc ms':>6s} {'conn/call':>9s} "
           f"{'server ms':>9s}")
     for name, row in rows.items():
         vs_raw = f"{row['ratio_vs_raw']:.3f}" if "ratio_vs_raw" in row else ""
@@ -513,6 +515,7 @@ def print_size(episodes: int, calls: int, options: argparse.Namespace,
               f"{row['loop_iterations_per_call']:9.2f} "
               f"{row['cross_thread_wakeups_per_call']:9.2f} "
               f"{row['own_thread_wakeups_per_call']:6.2f} {row['gc0_per_1000_calls']:7.1f} "
+              f"{row['gc_ms_per_call']:6.3f} "
               f"{row['connections_per_call']:9.3f} {row['server_cpu_ms_per_call']:9.2f}")
     print(f"  peak threads during the rounds: {report['peak_threads']}; "
           f"'{LOOP_THREAD_NAME}' threads seen: {report['loop_threads']} "

@@ -194,6 +194,28 @@ class WireCounter:
         return counter
 
 
+class GcTimer:
+    """Time spent in the garbage collector, all generations, from ``gc.callbacks``."""
+
+    seconds = 0.0
+    by_generation = [0.0, 0.0, 0.0]
+    _started = 0.0
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._callback not in gc.callbacks:
+            gc.callbacks.append(cls._callback)
+
+    @classmethod
+    def _callback(cls, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            cls._started = time.perf_counter()
+        else:
+            elapsed = time.perf_counter() - cls._started
+            cls.seconds += elapsed
+            cls.by_generation[info["generation"]] += elapsed
+
+
 @dataclass(frozen=True)
 class Probe:
     """This process's counters at one moment; ``b - a`` is what happened in between.
@@ -204,7 +226,8 @@ class Probe:
     ``700 * gc0`` is a lower bound on the container objects allocated (short-lived ones
     that die before the next collection cancel out). ``blocks`` is
     ``sys.getallocatedblocks()``: the NET change (what a phase kept), not the churn.
-    ``children_cpu`` is the CPU of this process's descendants but the `CpuHog` ones: the
+    ``gc_s`` is the time spent collecting garbage (`GcTimer`, installed by the first
+    probe). ``children_cpu`` is the CPU of this process's descendants but the `CpuHog` ones: the
     local Fleet's server, when it runs in a child process.
     """
 
@@ -218,6 +241,7 @@ class Probe:
     main_cross_wakeups: int
     main_own_wakeups: int
     gc0: int
+    gc_s: float
     blocks: int
     requests: int
     connections: int
@@ -225,6 +249,7 @@ class Probe:
 
     @classmethod
     def take(cls) -> Probe:
+        GcTimer.install()
         loop_ident = loop_thread_ident()
         counters = LoopCounters.installed
         loop_counts = counters.of_thread(loop_ident) if counters else (0, 0, 0)
@@ -236,7 +261,8 @@ class Probe:
                    loop_iterations=loop_counts[0], loop_cross_wakeups=loop_counts[1],
                    loop_own_wakeups=loop_counts[2], main_iterations=main_counts[0],
                    main_cross_wakeups=main_counts[1], main_own_wakeups=main_counts[2],
-                   gc0=gc.get_stats()[0]["collections"], blocks=sys.getallocatedblocks(),
+                   gc0=gc.get_stats()[0]["collections"], gc_s=GcTimer.seconds,
+                   blocks=sys.getallocatedblocks(),
                    requests=wire[0], connections=wire[1], children_cpu=children_cpu_s())
 
     def __sub__(self, other: Probe) -> Probe:
@@ -254,6 +280,7 @@ def per_call(delta: Probe, calls: int, *, on_loop_thread: bool) -> dict[str, flo
         "cross_thread_wakeups_per_call": getattr(delta, f"{where}_cross_wakeups") / calls,
         "own_thread_wakeups_per_call": getattr(delta, f"{where}_own_wakeups") / calls,
         "gc0_per_1000_calls": delta.gc0 / calls * 1e3,
+        "gc_ms_per_call": delta.gc_s / calls * 1e3,
         "net_blocks_per_call": delta.blocks / calls,
         "requests_per_call": delta.requests / calls,
         "connections_per_call": delta.connections / calls,
