@@ -26,7 +26,8 @@ from fleetenv.core.event_bus import EventBus
 from fleetenv.core.task_files import load_tasks
 from fleetenv.core.tasks import Task
 from fleetenv.env.fleet_env import FleetEnv
-from fleetenv.fleet.manager import ManagerClient, ManagerPool
+from fleetenv.fleet.client import FleetClient
+from fleetenv.fleet.manager import ManagerClient, ManagerPool, PooledRunnerTokens
 from fleetenv.local import LocalFleet
 from fleetenv.rollouts.policy import ScriptedPolicy
 from fleetenv.rollouts.rollout import run_episode
@@ -109,6 +110,30 @@ def test_a_failed_first_token_fetch_is_not_remembered(local_fleet: LocalFleet,
         assert env.describe_db()["tables"]
     created = [i for i in local_fleet.instances() if i["instance_id"] == first]
     assert [r["seed"] for r in created[0]["resets"]] == [None]  # it ran exactly once
+
+
+def test_a_session_fetches_the_token_over_its_own_pool(local_fleet: LocalFleet,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """fleet-python's provider builds an HTTP client, and an SSL context (about 20 ms of
+    CPU), per fetch: every new session paid it once."""
+    expected = local_fleet.runner_token()
+    client = FleetClient(local_fleet.token, local_fleet.base_url)
+    built: list[object] = []
+    real_init = httpx.Client.__init__
+
+    def spy(self: httpx.Client, *args: Any, **kwargs: Any) -> None:
+        built.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.Client, "__init__", spy)
+    try:
+        assert expected and client.runner_tokens.token() == expected
+        assert client.runner_tokens.token() == expected  # kept: fetched once
+    finally:
+        client.close()
+    assert built == []
+    monkeypatch.setenv("RUNNER_AUTH_TOKEN", " from-the-environment ")
+    assert PooledRunnerTokens(client.sdk.client, client._http).token() == "from-the-environment"
 
 
 def test_an_ungated_fleet_works_without_a_token() -> None:

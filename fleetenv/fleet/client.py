@@ -116,13 +116,11 @@ class FleetClient:
             api_key=api_key, base_url=self.base_url, httpx_client=self._http, max_retries=0,
             timeout=timeout_s,
         )
-        from fleet.runner_auth import RunnerTokenProvider
-
-        from fleetenv.fleet.manager import RefreshingRunnerTokens
+        from fleetenv.fleet.manager import PooledRunnerTokens, RefreshingRunnerTokens
 
         #: The ``X-Runner-Token`` source of every manager call of this client's instances.
         self.runner_tokens: RunnerTokens = RefreshingRunnerTokens(
-            lambda: RunnerTokenProvider(self.sdk.client))
+            lambda: PooledRunnerTokens(self.sdk.client, self._http))
 
     def close(self) -> None:
         self._http.close()
