@@ -39,13 +39,16 @@ async generator dropped unfinished writes that byte too), generation-0 garbage
 collections per 1,000 calls, net allocated blocks per call, HTTP requests and new TCP
 connections per call, and the local Fleet server's CPU per call (its process).
 
-``--hog N`` runs N busy-loop processes (one per core is "the machine is busy") during
-the measured rounds (not the warm-up) and reports the load they made. ``--episodes``
-takes a comma-separated list (e.g. ``64,256``). During (a) a sampler records the peak
+``--gc-threshold N`` sets ``gc.set_threshold(N)`` for the whole run (every variant alike):
+what the collector's default (700) costs each side. ``--hog N`` runs N busy-loop
+processes (one per core is "the machine is busy") during the measured rounds (not the
+warm-up) and reports the load they made. ``--episodes`` takes a comma-separated list
+(e.g. ``64,256``). During (a) a sampler records the peak
 thread count and the threads named ``fleetenv-loop`` (must be exactly one).
 
     python tests/benchmarks/bench_rollouts.py [--episodes 64[,256]] [--calls 20]
-        [--rounds 3] [--mode threads|asyncio|both] [--hog N] [--profile [--profile-dir D]]
+        [--rounds 3] [--mode threads|asyncio|both] [--hog N] [--gc-threshold N]
+        [--profile [--profile-dir D]]
 
 ``--profile`` then runs one more (a) round per mode at the first size with the loop
 thread under cProfile (thread CPU time) and a stack sampler, the episode threads under
@@ -59,6 +62,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import gc
 import json
 import statistics
 import sys
@@ -716,6 +720,9 @@ def main() -> None:
     parser.add_argument("--hog", type=int, default=0, metavar="N",
                         help="N busy-loop processes during the measured rounds "
                              "(one per core: a busy machine)")
+    parser.add_argument("--gc-threshold", type=int, default=0, metavar="N",
+                        help="gc.set_threshold(N) for the whole run (every variant alike): "
+                             "how much the collector's default of 700 costs")
     parser.add_argument("--profile", action="store_true",
                         help="then profile one round of each variant at the first size "
                              "(--rounds 0: only that)")
@@ -728,8 +735,11 @@ def main() -> None:
 
     LoopCounters.install()
     WireCounter.install()
+    if options.gc_threshold:
+        gc.set_threshold(options.gc_threshold)
     report: dict[str, Any] = {"machine": machine(), "calls": calls, "rounds": options.rounds,
-                              "modes": modes, "hog": options.hog, "sizes": {}}
+                              "modes": modes, "hog": options.hog,
+                              "gc_threshold": gc.get_threshold()[0], "sizes": {}}
     print(f"machine: {report['machine']}", flush=True)
     with LocalFleet(in_process=False, instance_limit=4 * max(sizes) + 16) as fleet:
         for episodes in sizes if options.rounds > 0 else []:
