@@ -76,7 +76,7 @@ class _Live:
     session: ClientSession
     stop: anyio.Event
     dead: anyio.Event
-    raw_tools: list[Any]
+    raw_tools: list[Any]  # as listed at setup; emptied once converted (not kept alive)
     lost: bool = False
     # what the HTTP layer saw: set when the server said it no longer knows the session
     watch: failures.SessionWatch = field(default_factory=failures.SessionWatch)
@@ -367,6 +367,7 @@ class MCPConnection:
                 self._generation = runtime.current().generation
             self._live = live
             self._tools = [Tool.from_mcp(tool, self.url) for tool in live.raw_tools]
+            live.raw_tools = []
             _open.add(self)
             runtime.add_shutdown_hook(_close_all_at_shutdown)
             return live, True
@@ -458,6 +459,7 @@ class MCPConnection:
                         session=session, stop=anyio.Event(), dead=dead, raw_tools=raw_tools,
                         watch=watch,
                     )
+                    del raw_tools  # held by `live` until converted, not by this frame
                     task_status.started(live)
                     await live.stop.wait()
                     scope.deadline = anyio.current_time() + self.close_timeout_s

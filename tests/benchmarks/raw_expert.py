@@ -15,6 +15,11 @@ handicap:
   CPU, even for plain http): the fix is one context for the process, handed to every
   client's transport.
 
+And the keep-alive expiry below the server's idle timeout (4 s against uvicorn's 5 s, as
+fleetenv's): with httpx2's default of 5 s a call sent on a connection the server is
+closing for idleness fails, and ``mcp`` ends the whole session (256 episodes: 2 to 13
+sessions lost per round).
+
 Written here from ``mcp`` and ``httpx2``'s public API only, as a user would, not imported
 from fleetenv, so the baseline stays independent of the code it is compared with.
 """
@@ -33,6 +38,8 @@ DRAIN_S = 0.5
 MAX_DRAIN_BYTES = 64 * 1024
 #: ``mcp``'s default timeouts (``create_mcp_http_client``).
 TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+#: Idle connections expire before the server's 5 s idle timeout closes them.
+KEEPALIVE_EXPIRY_S = 4.0
 
 
 @functools.cache
@@ -47,7 +54,9 @@ def expert_http_client() -> httpx2.AsyncClient:
     given)."""
     return httpx2.AsyncClient(
         timeout=TIMEOUT,
-        transport=_KeepAlive(httpx2.AsyncHTTPTransport(verify=shared_ssl_context())))
+        transport=_KeepAlive(httpx2.AsyncHTTPTransport(
+            verify=shared_ssl_context(),
+            limits=httpx2.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))))
 
 
 class _DrainOnClose(httpx2.AsyncByteStream):
