@@ -198,7 +198,6 @@ class GcTimer:
     """Time spent in the garbage collector, all generations, from ``gc.callbacks``."""
 
     seconds = 0.0
-    by_generation = [0.0, 0.0, 0.0]
     _started = 0.0
 
     @classmethod
@@ -211,9 +210,7 @@ class GcTimer:
         if phase == "start":
             cls._started = time.perf_counter()
         else:
-            elapsed = time.perf_counter() - cls._started
-            cls.seconds += elapsed
-            cls.by_generation[info["generation"]] += elapsed
+            cls.seconds += time.perf_counter() - cls._started
 
 
 @dataclass(frozen=True)
