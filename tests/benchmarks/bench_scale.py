@@ -78,7 +78,7 @@ from instruments import (
     children_cpu_s,
     loop_thread_cpu_s,
     machine,
-    package_of,
+    profile_report,
     run_on_fleetenv_loop,
 )
 from mcp import ClientSession
@@ -565,31 +565,6 @@ def run_open_only(options: argparse.Namespace) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- profile
 
-def cpu_profile_report(profiler: Any, calls: int, title: str, top: int = 18) -> dict[str, float]:
-    """Print where the CPU went (cProfile with a thread-CPU timer): by package (own time)
-    and the top functions; returns ms per tool call by package."""
-    import pstats
-
-    stats = pstats.Stats(profiler)
-    by_package: dict[str, float] = {}
-    rows = []
-    for (filename, line, name), (_cc, _nc, tottime, _cum, _callers) in stats.stats.items():
-        package = package_of(filename)
-        by_package[package] = by_package.get(package, 0.0) + tottime
-        rows.append((tottime, f"{Path(filename).name}:{line}({name})", package))
-    total = sum(by_package.values())
-    print(f"\n{title}: {total / calls * 1e3:.2f} ms CPU per tool call, by package (own time):")
-    shares = {}
-    for package, seconds in sorted(by_package.items(), key=lambda item: -item[1]):
-        shares[package] = round(seconds / calls * 1e3, 3)
-        if seconds / total >= 0.01:
-            print(f"  {seconds / calls * 1e3:6.3f} ms  {seconds / total:5.1%}  {package}")
-    print("  top functions (own time per tool call):")
-    for tottime, where, package in sorted(rows, reverse=True)[:top]:
-        print(f"  {tottime / calls * 1e3:6.3f} ms  {package:12s} {where}")
-    return shares
-
-
 def run_profile(options: argparse.Namespace) -> dict[str, Any]:
     """One batch of each side with cProfile timing thread CPU: fleetenv's loop thread
     (and its worker threads' share of the process CPU), and the asyncio program."""
@@ -621,15 +596,16 @@ def run_profile(options: argparse.Namespace) -> dict[str, Any]:
         print(f"\nfleetenv/{mode}: process CPU {row['cpu_s'] / total_calls * 1e3:.2f} ms per "
               f"tool call, of which the loop thread "
               f"{row['loop_cpu_s'] / total_calls * 1e3:.2f} ms (profiled, so slower)")
-        report["fleetenv_loop"] = cpu_profile_report(
-            profiler, total_calls, f"fleetenv/{mode} loop thread")
+        report["fleetenv_loop"] = profile_report(
+            [profiler], total_calls, f"fleetenv/{mode} loop thread")["ms_per_call_by_package"]
         raw_profiler = cProfile.Profile(time.thread_time)
         raw_profiler.enable()
         try:
             asyncio_phase(local.base_url, local.token, size, calls, options.creating)
         finally:
             raw_profiler.disable()
-        report["asyncio"] = cpu_profile_report(raw_profiler, total_calls, "asyncio program")
+        report["asyncio"] = profile_report(
+            [raw_profiler], total_calls, "asyncio program")["ms_per_call_by_package"]
     return report
 
 

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 LOOP_THREAD_NAME = "fleetenv-loop"
@@ -428,3 +429,40 @@ def package_of(filename: str) -> str:
         if package in parts or f"{package}.py" in parts:
             return package
     return "stdlib/other"
+
+
+def profile_report(profiles: list[Any], calls: int, title: str, top: int = 20,
+                   save_as: Path | None = None) -> dict[str, Any]:
+    """Print where the CPU went (cProfile with a thread-CPU timer): by package (own time)
+    and the top functions by own and by cumulative time; returns ms per tool call by
+    package and the Python function calls per tool call."""
+    import pstats
+
+    stats = pstats.Stats(profiles[0])
+    for more in profiles[1:]:
+        stats.add(more)
+    if save_as is not None:
+        stats.dump_stats(save_as)
+    by_package: dict[str, float] = {}
+    rows = []
+    for (filename, line, name), (_cc, _nc, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        package = package_of(filename)
+        by_package[package] = by_package.get(package, 0.0) + tottime
+        rows.append((tottime, cumtime, f"{Path(filename).name}:{line}({name})", package))
+    total = sum(by_package.values()) or 1e-9
+    function_calls = stats.total_calls / calls  # type: ignore[attr-defined]
+    print(f"\n{title}: {total / calls * 1e3:.2f} ms CPU per tool call (profiled), "
+          f"{function_calls:.0f} Python function calls per tool call; by package (own time):")
+    shares = {}
+    for package, seconds in sorted(by_package.items(), key=lambda item: -item[1]):
+        shares[package] = round(seconds / calls * 1e3, 3)
+        if seconds / total >= 0.01:
+            print(f"  {seconds / calls * 1e3:6.3f} ms  {seconds / total:5.1%}  {package}")
+    print("  top functions by own time (ms per tool call):")
+    for tottime, _cum, where, package in sorted(rows, reverse=True)[:top]:
+        print(f"  {tottime / calls * 1e3:6.3f} ms  {package:12s} {where}")
+    print("  top functions by cumulative time (ms per tool call):")
+    for _tot, cumtime, where, package in sorted(rows, key=lambda r: -r[1])[:top]:
+        print(f"  {cumtime / calls * 1e3:6.3f} ms  {package:12s} {where}")
+    return {"ms_per_call_by_package": shares,
+            "python_function_calls_per_call": round(function_calls, 1)}
