@@ -357,7 +357,7 @@ class RawSessions:
         self.loop.run_until_complete(self._open())
         return self
 
-    async def _episode(self, session: ClientSession, calls: int) -> None:
+    async def episode(self, session: ClientSession, calls: int) -> None:
         for _ in range(calls):
             result = await session.call_tool(TOOL, dict(ARGUMENTS))
             if result.is_error:
@@ -365,7 +365,7 @@ class RawSessions:
 
     async def _round(self, calls: int) -> Probe:
         started = Probe.take()
-        episodes = [asyncio.ensure_future(self._episode(s, calls)) for s in self.sessions]
+        episodes = [asyncio.ensure_future(self.episode(s, calls)) for s in self.sessions]
         try:
             await asyncio.wait_for(asyncio.gather(*episodes), PHASE_TIMEOUT_S)
         except Exception as exc:

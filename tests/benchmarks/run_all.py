@@ -68,6 +68,15 @@ def _mcp_call(r: dict[str, Any]) -> str:
             f"**{r['speedup_vs_session_per_call']:.1f}x** slower than (a)")
 
 
+def _call_layers(r: dict[str, Any]) -> str:
+    layers = r["layers"]
+    steps = ", ".join(f"{name} {row['cpu_us_per_call']:.0f} us "
+                      f"(**{row['ratio_vs_expert']:.2f}**, +{row['added_us']:.0f})"
+                      for name, row in layers.items() if name != "expert")
+    return (f"client CPU per call, one episode, sequential: expert raw "
+            f"{layers['expert']['cpu_us_per_call']:.0f} us; {steps}")
+
+
 def _rollouts(r: dict[str, Any]) -> str:
     parts = []
     for size, report in r["sizes"].items():
@@ -136,6 +145,8 @@ def _ray_nodes(r: dict[str, Any]) -> str:
 BENCHMARKS = (
     Bench("bench_mcp_call.py", "bench_mcp_call.py", (), (),
           "ratio <= 1.15; speedup >= 10", _mcp_call),
+    Bench("bench_call_layers.py", "bench_call_layers.py", (), (),
+          "(measured, no target)", _call_layers),
     Bench("bench_rollouts.py", "bench_rollouts.py",
           ("--episodes", "64", "--mode", "both", "--rounds", "5"),
           ("--episodes", "64,256", "--mode", "both", "--rounds", "5"),
