@@ -363,7 +363,7 @@ class RawSessions:
             if result.is_error:
                 raise RuntimeError(f"tool error: {result.content}")
 
-    async def _round(self, calls: int) -> Probe:
+    async def timed(self, calls: int) -> Probe:
         started = Probe.take()
         episodes = [asyncio.ensure_future(self.episode(s, calls)) for s in self.sessions]
         try:
@@ -380,16 +380,19 @@ class RawSessions:
         return Probe.take() - started
 
     def round(self, calls: int) -> Probe:
-        """One timed round on sessions opened for it (untimed), as every fleetenv episode
-        opens its own: a session's first call pays ``mcp``'s compiling of the tool's
-        output schema, on both sides."""
+        """One timed round on sessions opened for it and closed after it (both untimed),
+        as every fleetenv episode opens its own and ends it: a session's first call pays
+        ``mcp``'s compiling of the tool's output schema, on both sides, and no variant's
+        garbage collections walk the open sessions of another."""
         self.reopen()
-        return self.loop.run_until_complete(self._round(calls))
+        try:
+            return self.loop.run_until_complete(self.timed(calls))
+        finally:
+            self._close_sessions()
 
     def reopen(self) -> None:
         """Close every session (the dead ones included) and open them all again."""
         self._close_sessions()
-        self._owners, self.sessions = [], []
         self.open()
 
     def _close_sessions(self) -> None:
@@ -398,6 +401,7 @@ class RawSessions:
         if self._owners:
             self.loop.run_until_complete(asyncio.wait_for(
                 asyncio.gather(*self._owners, return_exceptions=True), 120))
+        self._owners, self.sessions = [], []
 
     def close(self) -> None:
         self._close_sessions()
@@ -641,9 +645,10 @@ def profile_raw(raw: RawSessions, name: str, episodes: int, calls: int,
     import cProfile
 
     profiler = cProfile.Profile(time.thread_time)
+    raw.reopen()  # the timed part only, as in the measured rounds
     profiler.enable()
     try:
-        raw.round(calls)
+        raw.loop.run_until_complete(raw.timed(calls))
     finally:
         profiler.disable()
     return profile_report([profiler], episodes * calls, f"{name} (its only thread)",
