@@ -101,3 +101,29 @@ def test_the_caller_adds_no_timer_of_its_own(local_fleet: LocalFleet,
     [failed] = _events_of(seen, ToolCallFailed)
     assert failed.error.startswith(f"tool call got no answer within {call_s:g} s"), failed.error
     assert elapsed >= held_up_s  # it waited for the loop, with no timer of its own
+
+
+def test_a_calls_task_is_named_for_its_tool_not_its_arguments(
+        local_fleet: LocalFleet, local_faults: Any) -> None:
+    """While a call runs, its task on the loop says which tool it is and nothing of what
+    was sent: arguments may hold what an agent typed, and task names reach asyncio's
+    warnings and anyone listing tasks. Before, a step's call was named by the repr of the
+    bound call, its arguments included."""
+    typed = "pw-7f3a91@typed.example"
+    call = ToolCall("search_tickets", {"customer_email": typed, "limit": 1})
+    outcome: list[Observation] = []
+    with _session(local_fleet, [], 60.0) as session, FleetEnv(TASK, session=session) as env:
+        env.reset()
+        hang = local_faults.add("tool_hang", instance=env.instance_id, tool=call.name)
+        caller = threading.Thread(target=lambda: outcome.append(env.step(call)[0]))
+        caller.start()
+        try:
+            wait_for(lambda: _held(local_faults, hang), timeout=20, what="the call to be held")
+            names = runtime.current().call(_task_names)
+        finally:
+            local_faults.clear(hang)  # the held call proceeds
+            caller.join(timeout=60)
+        assert not caller.is_alive()
+    assert f"call {call.name}" in names, names
+    assert not [name for name in names if typed in name], names
+    assert outcome  # released, the call ran and the step returned

@@ -201,7 +201,8 @@ class Toolbox:
         try:
             result: ToolResult = yield OnLoop(
                 functools.partial(router.acall, COMPUTER_TOOL, {"action": "screenshot"},
-                                  timeout_s=self.config.timeouts.call))
+                                  timeout_s=self.config.timeouts.call),
+                name=f"call {COMPUTER_TOOL}")
         except FleetEnvError as exc:
             return [{"type": "text", "text": f"(initial screenshot failed: {exc})"}], str(exc)
         return result.to_openai_content(self.max_text_chars), result.error_message
@@ -252,7 +253,8 @@ class Toolbox:
         deadline, ``timeout_s``, is enforced on the loop by the MCP connection."""
         router = self._require_router()
         result: ToolResult = yield OnLoop(
-            functools.partial(router.acall, name, arguments, timeout_s=timeout_s))
+            functools.partial(router.acall, name, arguments, timeout_s=timeout_s),
+            name=f"call {name}")
         return result
 
     def prompt(self, format: str) -> str:

@@ -151,7 +151,7 @@ class Runtime:
                 job.done.release()
                 return
             job.task = loop.aio.create_task(_settle(loop, job, async_fn, args, timeout))
-            job.task.set_name(name or _name_of(async_fn))
+            job.task.set_name(name or name_of(async_fn))
 
         try:
             loop.aio.call_soon_threadsafe(start, context=_loop_context())
@@ -168,7 +168,7 @@ class Runtime:
         single-leaf exception group is NOT unwrapped here; `call` does that).
         """
         self._refuse_loop_thread("Runtime.submit()")
-        return self._schedule(async_fn, args, None, name or _name_of(async_fn))
+        return self._schedule(async_fn, args, None, name or name_of(async_fn))
 
     async def call_async(self, async_fn: Callable[..., Awaitable[T]], *args: Any,
                          timeout: float | None = None, name: str | None = None) -> T:
@@ -185,7 +185,7 @@ class Runtime:
             if timeout is None:  # nothing to bound here: the function itself
                 return await async_fn(*args)
             return await _run_job(async_fn, args, timeout)
-        future = self._schedule(async_fn, args, timeout, name or _name_of(async_fn))
+        future = self._schedule(async_fn, args, timeout, name or name_of(async_fn))
         try:
             return await await_future(future)
         except BaseExceptionGroup as group:
@@ -209,7 +209,7 @@ class Runtime:
         if not self.in_loop_thread():
             raise LoopThreadError("start_service() must be awaited on the fleetenv loop",
                                   hint="use Runtime.call(...) to get onto the loop")
-        label = name or _name_of(fn)
+        label = name or name_of(fn)
         return await self._running().services.start(_contained, fn, args, label, name=label)
 
     # ------------------------------------------------------------------ callbacks
@@ -530,8 +530,12 @@ async def _serve_portal(handoff: _Handoff) -> None:
         services.cancel_scope.cancel()
 
 
-def _name_of(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", None) or repr(fn)
+def name_of(fn: Callable[..., Any]) -> str:
+    """A task's name for ``fn``: its qualified name, a partial's function's. Never a repr:
+    the arguments bound in a partial (a tool call's, say) stay out of names and messages."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
 
 async def _run_job(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
@@ -544,7 +548,7 @@ async def _run_job(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
     with anyio.move_on_after(timeout):
         return await fn(*args)
     raise DeadlineExceeded(
-        f"{_name_of(fn)} did not finish within {timeout:g} s",
+        f"{name_of(fn)} did not finish within {timeout:g} s",
         hint="raise the timeout, or check that the remote side is responsive",
     )
 
@@ -747,7 +751,7 @@ def on_fleetenv_loop(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any
         if runtime.in_loop_thread():  # already there (a call within a call): no hop
             return await fn(*args, **kwargs)
         return await runtime.call_async(functools.partial(fn, *args, **kwargs),
-                                        name=_name_of(fn))
+                                        name=name_of(fn))
 
     return hop
 
@@ -783,7 +787,7 @@ def _run_hooks() -> None:
         try:
             hook()
         except Exception as exc:
-            logger.warning("fleetenv shutdown hook %s failed: %s", _name_of(hook), exc)
+            logger.warning("fleetenv shutdown hook %s failed: %s", name_of(hook), exc)
 
 
 def _replace(refuse: str | None = None) -> Runtime | None:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from fleetenv import runtime
 from fleetenv.core.errors import ConfigurationError, FleetEnvError
+from fleetenv.runtime.loop import name_of
 
 T = TypeVar("T")
 
@@ -35,6 +36,8 @@ class Blocking:
 class OnLoop:
     fn: Callable[..., Awaitable[Any]]
     args: tuple[Any, ...] = ()
+    name: str | None = None
+    """The loop-side task's name (default: the function's, see `runtime.loop.name_of`)."""
 
 
 @dataclass(frozen=True)
@@ -127,9 +130,9 @@ def _run_here(op: Op) -> Any:
     if isinstance(op, Blocking):
         return op.fn(*op.args)
     if isinstance(op, Await):
-        raise ConfigurationError(f"{_name_of(op.fn)} is a coroutine function, which "
+        raise ConfigurationError(f"{name_of(op.fn)} is a coroutine function, which "
                                  "blocking code cannot await", hint=op.hint)
-    return runtime.current().call(op.fn, *op.args)
+    return runtime.current().call(op.fn, *op.args, name=op.name)
 
 
 async def _await(op: Op) -> Any:
@@ -139,11 +142,7 @@ async def _await(op: Op) -> Any:
         return await runtime.current().run_blocking(op.fn, *op.args)
     if isinstance(op, Await):
         return await op.fn(*op.args)
-    return await runtime.current().call_async(op.fn, *op.args)
-
-
-def _name_of(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", None) or repr(fn)
+    return await runtime.current().call_async(op.fn, *op.args, name=op.name)
 
 
 def _unwind_later(plan: Plan[Any], interruption: BaseException) -> None:

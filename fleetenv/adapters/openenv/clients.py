@@ -101,7 +101,8 @@ class FleetMCPTools:
         call without an answer ``ToolCallError``."""
         try:
             result = await runtime.current().call_async(functools.partial(
-                self._router.acall, name, args or {}, timeout_s=self.call_deadline_s))
+                self._router.acall, name, args or {}, timeout_s=self.call_deadline_s),
+                name=f"call {name}")
         except ToolNotFoundError as exc:
             context: dict[str, Any] = dict(exc.context)
             raise DropInToolNotFoundError(exc.message, hint=exc.hint, **context) from None
