@@ -377,6 +377,28 @@ def test_a_delete_that_fails_a_few_times_is_retried_and_frees_its_slot(
         assert _running_with_tag(local_fleet, session.run_tag) == []
 
 
+def test_after_an_explicit_runtime_shutdown_deletes_get_their_retries_again(
+        local_fleet: LocalFleet, local_faults: Any) -> None:
+    """``fleetenv.runtime.shutdown()`` runs the exit hook (every live instance deleted,
+    each with one quick retry), and fleetenv goes on working after it. Before, the hook's
+    at-exit mode stayed on for good: every later delete had two attempts, and two 503s
+    left the instance behind (``InstanceDeleteFailed``)."""
+    events: list[Event] = []
+    task = _tool_use_task()
+    with (_session(local_fleet, events) as session,
+          fleetenv.FleetEnv(task, session=session) as env):
+        env.reset()  # a live instance: the exit hook is installed, and runs below
+        fleetenv.runtime.shutdown()
+    with _session(local_fleet, events, max_live_instances=1,
+                  timeouts={"provision": 5}) as session:
+        _delete_fault(local_faults, times=2)
+        with fleetenv.FleetEnv(task, session=session) as env:
+            env.reset()
+        assert not [e for e in events if isinstance(e, InstanceDeleteFailed)]
+        assert session.live_instance_ids() == []
+        assert _running_with_tag(local_fleet, session.run_tag) == []
+
+
 def test_fleetenv_sweep_deletes_the_running_instances_of_a_tag(
         local_fleet: LocalFleet, local_faults: Any, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

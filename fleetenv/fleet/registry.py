@@ -151,7 +151,7 @@ _previous: dict[int, Any] = {}
 _terminating = False
 _cleanup_thread: threading.Thread | None = None
 _cleanup_pid = 0
-#: Set when the exit hook starts (see ``exiting()``).
+#: Set while the exit hook deletes (see ``exiting()``).
 _exiting = False
 
 
@@ -175,10 +175,14 @@ def terminating() -> bool:
 
 
 def exiting() -> bool:
-    """True once the exit hook or a signal started deleting: a delete then gets one quick
-    retry, not the full backoff (nobody waits for it, and a Fleet that is gone, such as an
-    embedded one already stopped, would hold the exit for ~10 s)."""
-    return _exiting or terminating()
+    """True while the exit hook deletes, once the interpreter exits, or once a signal
+    started deleting: a delete then gets one quick retry, not the full backoff (nobody
+    waits for it, and a Fleet that is gone, such as an embedded one already stopped, would
+    hold the exit for ~10 s). After an explicit ``fleetenv.runtime.shutdown()`` fleetenv
+    goes on working, and its deletes get their full retries again."""
+    from fleetenv.runtime import at_interpreter_exit
+
+    return _exiting or at_interpreter_exit() or terminating()
 
 
 def delete_everywhere() -> None:
@@ -188,11 +192,14 @@ def delete_everywhere() -> None:
     then delete whatever is left (an instance created meanwhile, a delete that failed)."""
     global _exiting
     _exiting = True
-    thread = _cleanup_thread
-    if (thread is not None and _cleanup_pid == os.getpid()
-            and thread is not threading.current_thread()):
-        thread.join(_SIGNAL_CLEANUP_WAIT_S)
-    _delete_all_registries()
+    try:
+        thread = _cleanup_thread
+        if (thread is not None and _cleanup_pid == os.getpid()
+                and thread is not threading.current_thread()):
+            thread.join(_SIGNAL_CLEANUP_WAIT_S)
+        _delete_all_registries()
+    finally:
+        _exiting = False
 
 
 def _delete_all_registries() -> None:

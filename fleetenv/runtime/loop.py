@@ -49,6 +49,7 @@ __all__ = [
     "POOL_THREAD_PREFIX",
     "Runtime",
     "add_shutdown_hook",
+    "at_interpreter_exit",
     "await_future",
     "current",
     "on_fleetenv_loop",
@@ -103,6 +104,7 @@ _hooks_lock = threading.Lock()
 # Runtimes of earlier generations after a fork, and loops that did not stop: referenced
 # forever so their finalizers never run where their threads do not exist.
 _abandoned: list[object] = []
+_at_exit = False  # see at_interpreter_exit
 
 
 class Runtime:
@@ -814,7 +816,15 @@ def shutdown() -> None:
         old._stop()
 
 
+def at_interpreter_exit() -> bool:
+    """True once the interpreter's exit started shutting fleetenv down (an explicit
+    `shutdown` does not count: fleetenv goes on working after it)."""
+    return _at_exit
+
+
 def _shutdown_at_exit() -> None:
+    global _at_exit
+    _at_exit = True
     try:
         _run_hooks()
     finally:
