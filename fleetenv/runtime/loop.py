@@ -747,13 +747,14 @@ def on_fleetenv_loop(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any
     blocked and the object's locks, events and sessions are only ever touched by the
     loop they belong to. No timeout of its own: the operation's deadline applies."""
 
+    label = name_of(fn)
+
     @functools.wraps(fn)
     async def hop(*args: P.args, **kwargs: P.kwargs) -> T:
         runtime = _current
         if runtime.in_loop_thread():  # already there (a call within a call): no hop
             return await fn(*args, **kwargs)
-        return await runtime.call_async(functools.partial(fn, *args, **kwargs),
-                                        name=name_of(fn))
+        return await runtime.call_async(functools.partial(fn, *args, **kwargs), name=label)
 
     return hop
 
