@@ -73,8 +73,10 @@ def _call_layers(r: dict[str, Any]) -> str:
     steps = ", ".join(f"{name} {row['cpu_us_per_call']:.0f} us "
                       f"(**{row['ratio_vs_expert']:.2f}**, +{row['added_us']:.0f})"
                       for name, row in layers.items() if name != "expert")
+    call, wake = r["hand_offs"].values()
     return (f"client CPU per call, one episode, sequential: expert raw "
-            f"{layers['expert']['cpu_us_per_call']:.0f} us; {steps}")
+            f"{layers['expert']['cpu_us_per_call']:.0f} us; {steps}; a hand-off alone "
+            f"{call:.0f} us (a bare wake-up of the loop: {wake:.0f} us)")
 
 
 def _rollouts(r: dict[str, Any]) -> str:
